@@ -1,0 +1,4 @@
+"""Attention ops. Each op has a plain PyTorch reference beside its fast path."""
+from fpa_lightning.ops.fpa import dense_attention, fpa_bias, naive_fpa_attention
+
+__all__ = ["dense_attention", "fpa_bias", "naive_fpa_attention"]

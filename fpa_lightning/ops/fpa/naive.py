@@ -1,0 +1,118 @@
+"""The readable definition of FPA (path-minimum forgetting attention), SPEC.md §2.
+
+    b[t, s] = β · min(0, min_{s<u≤t} φ_u − ψ_s)   for s < t,   b[t, t] = 0,   s > t masked.
+
+Forward: the exact range minimum. Backward: straight-through, the range minimum's gradient is
+that of the soft minimum  −τ·log Σ_{u∈(s,t]} exp(−φ_u/τ)  with τ = 1 (softmax weights over the
+range). A pair (t, s) is *dead* when min φ − ψ_s < 0 strictly; a live pair's bias is exactly 0 and
+sends no gradient to φ, ψ or β.
+
+Everything is materialised as (B, H, T, T): O(T²) memory, any dtype (float64 for references).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+# A finite stand-in for ±inf in the masked (u ≤ s) part of the range tensors. exp(−_FAR − x) is
+# exactly 0 for any field value a model can produce, and it keeps every intermediate finite, so
+# masked entries can never turn a zero gradient into NaN (0·inf) in the backward pass.
+_FAR = 1e30
+
+REDUCTIONS = ("min", "dipsum")
+LEVELS = ("key", "query")
+
+
+def straight_through_range_min(phi_rows: torch.Tensor, in_range: torch.Tensor) -> torch.Tensor:
+    """min over u of phi_rows[..., u, s] where in_range[u, s], cumulative along u.
+
+    phi_rows: (..., U, S), the field value of row u broadcast over columns s.
+    in_range: (U, S) bool, True where u belongs to the range that ends at row u (i.e. u > s).
+    Returns (..., U, S): entry [t, s] = min of phi over rows u ≤ t with in_range[u, s];
+    value = exact minimum, gradient = soft minimum's (τ = 1). Entries with an empty range are
+    huge (≥ _FAR / 2) and must be masked by the caller.
+    """
+    exact = torch.where(in_range, phi_rows, _FAR).cummin(dim=-2).values
+    soft = -torch.where(in_range, -phi_rows, -_FAR).logcumsumexp(dim=-2)
+    return soft + (exact - soft).detach()
+
+
+def fpa_bias(
+    phi: torch.Tensor,
+    psi: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    reduction: str = "min",
+    level: str = "key",
+) -> torch.Tensor:
+    """The FPA bias b[t, s] for all pairs, (B, H, T, T); entries s > t are −inf.
+
+    phi, psi: (B, T, H) field and level; beta: (H,) positive scale.
+    reduction "min": the path minimum (the method); "dipsum": β·Σ_{s<u≤t} min(0, φ_u − ψ_s)
+    (the ablation that sums dips instead of taking the deepest).
+    level "key": compare with ψ_s (the method); "query": with ψ_t (ablation).
+    """
+    check_variant(reduction, level)
+    T = phi.shape[1]
+    idx = torch.arange(T, device=phi.device)
+    after_key = idx[:, None] > idx[None, :]  # (T, T) [u or t, s]: True where s < u
+    phi_rows = phi.transpose(1, 2)[..., :, None].expand(-1, -1, T, T)  # (B, H, T, T): φ_u at [u, s]
+    psi_h = psi.transpose(1, 2)  # (B, H, T)
+    if reduction == "min":
+        level_of_pair = psi_h[..., :, None] if level == "query" else psi_h[..., None, :]  # ψ_t or ψ_s
+        depth = straight_through_range_min(phi_rows, after_key) - level_of_pair  # (B, H, T, T)
+        bias = torch.where(after_key & (depth < 0), depth, torch.zeros_like(depth))
+    else:  # Σ_{s<u≤t} min(0, φ_u − ψ_s): a cumulative sum of dips down the rows
+        dips = phi_rows - psi_h[..., None, :]
+        bias = torch.where(after_key & (dips < 0), dips, torch.zeros_like(dips)).cumsum(dim=-2)
+    bias = beta.to(bias.dtype)[None, :, None, None] * bias
+    return bias.masked_fill(idx[None, :] > idx[:, None], float("-inf"))
+
+
+def check_variant(reduction: str, level: str) -> None:
+    """Raise for an FPA variant that SPEC.md does not define."""
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"FPA reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    if level not in LEVELS:
+        raise ValueError(f"FPA level must be one of {LEVELS} ('none' is h = 0, a key level), got {level!r}")
+    if reduction == "dipsum" and level == "query":
+        raise ValueError("FPA ablations combine dipsum with the key level only (SPEC.md §5); got level='query'")
+
+
+def dense_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, *, scale: float | None = None
+) -> torch.Tensor:
+    """Causal softmax attention with an additive bias, materialised.
+
+    q, k, v: (B, T, H, D); bias: (B, H or 1, T, T) or None. Returns (B, T, H, D).
+    Scores and softmax run in the promoted dtype of q and bias (float32 at least).
+    """
+    T, D = q.shape[1], q.shape[-1]
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale  # (B, H, T, T)
+    work_dtype = torch.promote_types(scores.dtype, torch.float32)
+    scores = scores.to(work_dtype)
+    if bias is not None:
+        scores = scores + bias.to(work_dtype)
+    causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    probs = scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
+    return torch.einsum("bhqk,bkhd->bqhd", probs.to(v.dtype), v)
+
+
+def naive_fpa_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    phi: torch.Tensor,
+    psi: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Causal FPA attention, the reference: q, k, v (B, T, H, D); phi, psi (B, T, H); beta (H,).
+
+    Returns (B, T, H, D). Exact range-minimum forward, straight-through soft-minimum backward.
+    """
+    return dense_attention(q, k, v, fpa_bias(phi, psi, beta), scale=scale)

@@ -1,0 +1,132 @@
+"""Typed model configuration. YAML files in configs/ are only storage for these dataclasses.
+
+Every check runs in ``__post_init__``, so a bad config fails when it is parsed, before training.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+BACKENDS = ("sdpa", "fox", "fpa", "selective", "dcp", "nope", "alibi")
+POSITIONALS = ("rope", "none", "alibi")
+IMPLS = ("auto", "naive", "chunked", "fused")
+# Positional encoding each backend uses unless the config overrides it (SPEC.md §4-5).
+DEFAULT_POSITIONAL = {
+    "sdpa": "rope",
+    "selective": "rope",
+    "fox": "none",
+    "fpa": "none",
+    "dcp": "rope",
+    "nope": "none",
+    "alibi": "alibi",
+}
+FPA_FORMS = ("general", "stack")
+FPA_REDUCTIONS = ("min", "dipsum")
+FPA_LEVELS = ("key", "none", "query")
+
+
+def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+
+
+@dataclass
+class AttentionConfig:
+    """Which attention backend a model uses and its options. Only the inner op differs between backends."""
+
+    backend: str = "fpa"
+    """Attention backend: sdpa (softmax), fox, fpa, selective, dcp, or the probe baselines nope and alibi."""
+    positional: str | None = None
+    """Positional encoding: rope, none or alibi; null takes the backend's default (none for fpa/fox, rope for sdpa/selective/dcp)."""
+    impl: str = "auto"
+    """Implementation of the inner op: naive (materialised (T, T)), chunked (block-wise PyTorch, O(T·block) memory),
+    fused (GPU kernel: Triton for fpa, FlexAttention for fox, SDPA for the rest) or auto (fused on CUDA where one
+    exists, else chunked). An explicit choice that cannot run raises; the resolved choice is recorded in hparams."""
+    block_size: int = 64
+    """Query block length of the chunked path."""
+    rope_theta: float = 10000.0
+    """RoPE base frequency."""
+    fpa_form: str = "general"
+    """FPA parameterisation: general (φ = W + g, ψ = W + h) or stack (g = h = 0)."""
+    fpa_reduction: str = "min"
+    """FPA reduction over the path: min (the method) or dipsum (ablation: sum of dips below the level)."""
+    fpa_level: str = "key"
+    """FPA level: key (ψ_s, the method), none (h = 0, ψ = W) or query (ψ_t in place of ψ_s, ablation)."""
+    bias_layers: list[int] | None = None
+    """0-based indices of the layers that carry the backend's bias (fpa, fox, selective, dcp); null = all layers.
+    A layer without it is plain softmax attention with the configured positional encoding ("no bias in layer 1": [1, 2, ...])."""
+    skip_threshold: float | None = None
+    """FPA fused kernel only: skip key blocks whose bias is provably below this value (e.g. -10); null = exact."""
+    dcp_dim: int = 32
+    """DCP: dimension of the interaction queries and keys shared across heads."""
+
+    def __post_init__(self) -> None:
+        _check_choice("attention.backend", self.backend, BACKENDS)
+        if self.positional is None:
+            self.positional = DEFAULT_POSITIONAL[self.backend]
+        _check_choice("attention.positional", self.positional, POSITIONALS)
+        _check_choice("attention.impl", self.impl, IMPLS)
+        _check_choice("attention.fpa_form", self.fpa_form, FPA_FORMS)
+        _check_choice("attention.fpa_reduction", self.fpa_reduction, FPA_REDUCTIONS)
+        _check_choice("attention.fpa_level", self.fpa_level, FPA_LEVELS)
+        if self.block_size < 1:
+            raise ValueError(f"attention.block_size must be positive, got {self.block_size}")
+        if self.dcp_dim < 1:
+            raise ValueError(f"attention.dcp_dim must be positive, got {self.dcp_dim}")
+        if self.backend == "fpa":
+            if self.fpa_form == "stack" and self.fpa_level != "key":
+                raise ValueError("fpa_form='stack' fixes g = h = 0; fpa_level must stay 'key'")
+            if self.fpa_reduction == "dipsum" and self.fpa_level == "query":
+                raise ValueError("fpa_reduction='dipsum' is defined with the key level only (SPEC.md §5)")
+            if self.skip_threshold is not None and self.skip_threshold >= 0:
+                raise ValueError(f"attention.skip_threshold must be negative, got {self.skip_threshold}")
+        elif self.skip_threshold is not None:
+            raise ValueError("attention.skip_threshold applies to the fpa backend only")
+        if self.bias_layers is not None and any(i < 0 for i in self.bias_layers):
+            raise ValueError(f"attention.bias_layers must be non-negative layer indices, got {self.bias_layers}")
+
+    def layer_has_bias(self, layer: int) -> bool:
+        return self.bias_layers is None or layer in self.bias_layers
+
+
+@dataclass
+class ModelConfig:
+    """Decoder-only transformer: pre-norm (RMSNorm), SwiGLU MLP, tied input/output embeddings."""
+
+    vocab_size: int = 32000
+    """Vocabulary size (32000: the Mistral-7B tokenizer)."""
+    n_layer: int = 12
+    """Number of transformer blocks."""
+    d_model: int = 768
+    """Residual stream width."""
+    n_head: int = 12
+    """Attention heads per layer; must divide d_model."""
+    d_mlp: int = 2048
+    """Hidden width of the SwiGLU MLP."""
+    max_seq_len: int = 2048
+    """Training context length (RoPE tables are built lazily, so longer inputs work at evaluation)."""
+    norm_eps: float = 1e-6
+    """RMSNorm epsilon."""
+    init_std: float = 0.02
+    """Standard deviation of the weight initialisation (output projections are scaled by 1/sqrt(2·n_layer))."""
+    tie_embeddings: bool = True
+    """Share the token embedding with the output layer (the 110M preset counts them once)."""
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+    """The attention backend and its options."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.attention, dict):  # YAML storage or a plain dict
+            self.attention = AttentionConfig(**self.attention)
+        for name in ("vocab_size", "n_layer", "d_model", "n_head", "d_mlp", "max_seq_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"model.{name} must be positive, got {getattr(self, name)}")
+        if self.d_model % self.n_head:
+            raise ValueError(f"model.n_head={self.n_head} must divide model.d_model={self.d_model}")
+        if self.attention.positional == "rope" and self.head_dim % 2:
+            raise ValueError(f"RoPE needs an even head dim, got {self.head_dim}")
+        bad = [i for i in (self.attention.bias_layers or []) if i >= self.n_layer]
+        if bad:
+            raise ValueError(f"attention.bias_layers {bad} out of range for n_layer={self.n_layer}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_head

@@ -1,0 +1,120 @@
+"""Decoder-only transformer: pre-norm RMSNorm blocks, SwiGLU MLP, tied embeddings."""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from fpa_lightning.attention import CausalSelfAttention, LayerProbe
+from fpa_lightning.attention.backends import at_least_fp32
+from fpa_lightning.config import ModelConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        wide = at_least_fp32(x)  # statistics in float32 under bf16 autocast
+        normed = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (normed * self.weight).to(x.dtype)
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, d_model: int, d_hidden: int):
+        super().__init__()
+        self.gate_up = nn.Linear(d_model, 2 * d_hidden, bias=False)
+        self.down = nn.Linear(d_hidden, d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.down(F.silu(gate) * up)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.attn = CausalSelfAttention(cfg, layer)
+        self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.mlp = SwiGLU(cfg.d_model, cfg.d_mlp)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x))
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class Decoder(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layer))
+        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self._init_weights()
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+
+    def _init_weights(self) -> None:
+        std = self.cfg.init_std
+        residual_std = std / math.sqrt(2 * self.cfg.n_layer)  # keeps the residual stream's variance O(1)
+        nn.init.normal_(self.embed.weight, std=std)
+        nn.init.normal_(self.lm_head.weight, std=std)
+        for block in self.blocks:
+            nn.init.normal_(block.attn.qkv.weight, std=std)
+            nn.init.normal_(block.mlp.gate_up.weight, std=std)
+            nn.init.normal_(block.attn.out.weight, std=residual_std)
+            nn.init.normal_(block.mlp.down.weight, std=residual_std)
+            # gate maps keep their backend's own documented initialisation
+
+    def features(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """input_ids (B, T) -> final normed hidden states (B, T, C)."""
+        x = self.embed(input_ids)
+        for block in self.blocks:
+            x = block(x)
+        return self.norm(x)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """input_ids (B, T) -> logits (B, T, V)."""
+        return self.lm_head(self.features(input_ids))
+
+    def token_losses(self, input_ids: torch.Tensor, labels: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
+        """Per-token cross-entropy (B, T) in float32, the vocabulary projection taken `chunk` positions at a
+        time so long inputs never hold (T, V) logits at once."""
+        hidden = self.features(input_ids)
+        losses = [
+            F.cross_entropy(
+                at_least_fp32(self.lm_head(hidden[:, i : i + chunk])).flatten(0, 1),
+                labels[:, i : i + chunk].flatten(),
+                reduction="none",
+            ).view(labels.shape[0], -1)
+            for i in range(0, labels.shape[1], chunk)
+        ]
+        return torch.cat(losses, dim=1)
+
+    @torch.no_grad()
+    def probe(self, input_ids: torch.Tensor) -> list[LayerProbe]:
+        """Per layer, the backend's bias ingredients for this batch (float32, no grad): the explicit
+        statistics path for callbacks, separate from the training forward."""
+        device_type = input_ids.device.type
+        with torch.autocast(device_type, enabled=False):
+            x = self.embed(input_ids)
+            probes = []
+            for block in self.blocks:
+                probes.append(block.attn.probe(block.attn_norm(x)))
+                x = block(x)
+        return probes
+
+    def attention_impls(self, device: torch.device | str) -> list[str]:
+        """The inner-op implementation each layer runs on `device` (raises for a request that cannot run)."""
+        device = torch.device(device)
+        return [f"{b.attn.gates.name if not b.attn.gates.has_bias else b.attn.gates.probe_name}:"
+                f"{b.attn.gates.resolve_impl(device)}" for b in self.blocks]
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())

@@ -1,0 +1,51 @@
+"""Dynamic Context Pruning (Anagnostidis et al. 2023), SPEC.md §5.
+
+Interaction queries and keys (qi, ki: (B, T, r), shared across heads) give a keep probability per
+(query, key) through the sparse sigmoid σ₂(z) = clamp((z + 1) / 2, 0, 1) (α = 2 entmax of [z, 0]);
+a key dropped by any query stays dropped: keep(t, s) = Π_{s<t'≤t} σ₂(z[t', s]). The log of that
+product is added to every head's logits (layer-shared): bias = Σ_{s<t'≤t} log σ₂(z[t', s]), (B, 1, T, T).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from fpa_lightning.ops.blockwise import query_cumsum_block
+
+# log of a hard zero: a finite floor keeps sums and their gradients finite (exp(−69) is 1e-30).
+_LOG_FLOOR_PROB = 1e-30
+
+
+def log_keep_rows(qi: torch.Tensor, ki: torch.Tensor, offset: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+    """log σ₂(z[t', s]) for t' in [lo, hi), s in [0, hi), zero where s ≥ t': (B, hi − lo, hi)."""
+    z = torch.einsum("bqr,bkr->bqk", qi[:, lo:hi], ki[:, :hi]) / math.sqrt(qi.shape[-1]) + offset
+    keep = ((z + 1) / 2).clamp(0, 1)
+    log_keep = keep.clamp_min(_LOG_FLOOR_PROB).log()
+    rows = torch.arange(lo, hi, device=qi.device)[:, None]
+    keys = torch.arange(hi, device=qi.device)[None, :]
+    return torch.where(keys < rows, log_keep, torch.zeros_like(log_keep))
+
+
+def dcp_bias(qi: torch.Tensor, ki: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
+    """All pairs: (B, 1, T, T) cumulative log keep probabilities, −inf above the diagonal."""
+    T = qi.shape[1]
+    bias = log_keep_rows(qi, ki, offset, 0, T).cumsum(dim=1)  # Σ_{t'≤t}; zero for t' ≤ s
+    future = torch.ones(T, T, dtype=torch.bool, device=qi.device).triu(1)
+    return bias.masked_fill(future, float("-inf"))[:, None]
+
+
+def dcp_bias_block(qi, ki, offset, lo: int, hi: int, carry):
+    """Rows lo..hi-1 over keys 0..hi-1, (B, 1, n, hi), and the carry Σ_{t'<hi} log keep (B, hi)."""
+    rows, carry = query_cumsum_block(log_keep_rows(qi, ki, offset, lo, hi), carry, inclusive=True)
+    return rows[:, None], carry
+
+
+def dcp_attention_gpu(q, k, v, qi, ki, offset, *, scale: float | None = None):
+    """Fast path: one layer-shared (B, 1, T, T) bias fed to SDPA's memory-efficient kernel."""
+    bias = dcp_bias(qi, ki, offset).to(q.dtype)
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=bias, scale=scale
+    )
+    return out.transpose(1, 2)

@@ -119,26 +119,30 @@ class PackedStream(IterableDataset):
         packer = Packer(self.T)
         delta = _new_delta()
         rows: list[tuple[np.ndarray, np.ndarray]] = []
-        docs_seen = start_doc
+        docs_seen, batches = start_doc, 0
         for index, tokens in self._documents(encoder, shard, n_shards, epoch, start_doc, delta):
             packer.add(index, tokens, start_offset if index == start_doc else 0)
             docs_seen = index + 1
             while packer.ready():
                 rows.append(packer.pop_row())
                 if len(rows) == self.B:
-                    yield self._batch(rows, logical, (epoch,) + packer.cursor(), delta)
-                    rows, delta = [], _new_delta()
-        if self.infinite and docs_seen == 0 and not delta["documents"]:
-            raise ValueError(f"shard {shard}/{n_shards} of {self.source} has no usable documents "
+                    yield self._batch(rows, logical, (epoch,) + packer.cursor(), _drain(delta))
+                    rows, batches = [], batches + 1
+        if self.infinite and docs_seen == 0:
+            raise ValueError(f"shard {shard}/{n_shards} of the train split has no usable documents "
                              f"(skipped: {dict(delta['skipped']) or 'none'}); check the files and text_field")
+        if self.infinite and batches == 0 and (start_doc, start_offset) == (0, 0):
+            raise ValueError(f"shard {shard}/{n_shards} of the train split holds {packer.size} tokens per pass, "
+                             f"less than one batch of {self.B} rows x {self.T + 1} tokens; lower seq_len/batch_size, "
+                             f"num_workers or add data")
         # Tokens never emitted as inputs: the incomplete last row and, for train, the incomplete last
         # batch of the pass (each pass restarts packing, which keeps the resume cursor simple).
         delta["tail_tokens"] += packer.size
         if rows and not self.infinite:
-            yield self._batch(rows, logical, None, delta)
+            yield self._batch(rows, logical, None, _drain(delta))
         else:
             delta["tail_tokens"] += len(rows) * self.T
-            yield {_META: {"worker": logical, "cursor": None, "delta": delta}}  # counters only
+            yield {_META: {"worker": logical, "cursor": None, "delta": _drain(delta)}}  # counters only
 
     def _documents(self, encoder, shard, n_shards, epoch, start_doc, delta) -> Iterator[tuple[int, np.ndarray]]:
         """``(index in this shard's stream, [BOS] ids [EOS])`` from ``start_doc`` on; bad records counted."""
@@ -171,6 +175,17 @@ class PackedStream(IterableDataset):
 
 def _new_delta() -> dict:
     return {"documents": 0, "tokens": 0, "rows": 0, "tail_tokens": 0, "skipped": Counter()}
+
+
+def _drain(delta: dict) -> dict:
+    """A copy of the counters gathered since the last batch; zeroes ``delta`` in place (shared with readers)."""
+    out = {k: (Counter(v) if isinstance(v, Counter) else v) for k, v in delta.items()}
+    for k, v in delta.items():
+        if isinstance(v, Counter):
+            v.clear()
+        else:
+            delta[k] = 0
+    return out
 
 
 def _blocks(records, block: int, rng: random.Random, start: int) -> Iterator[list[tuple[int, sources.Record]]]:

@@ -1,0 +1,428 @@
+"""Triton kernels of the fused FPA attention (fused.py is the public entry point).
+
+Layout: q, k, v, o, do, dq, dk, dv are (B, T, H, D) tensors addressed by strides. Every per-position
+field quantity lives in a padded (B*H, Tp) fp32 buffer (Tp = nB * BS), per-block ones in (B*H, nB).
+One block size BS serves queries, keys and the field decomposition of KERNEL_NOTES.md:
+
+    M(s, t) = min(suf_J(s), mid(J, I), pre_I(t))          J < I
+    M(s, t) = masked cumulative min inside the block       J = I
+
+The backward is the stable straight-through form of KERNEL_NOTES.md: every exponent argument ≤ 0.
+All field arithmetic is fp32; FAR (1e30) stands for +inf so that empty ranges stay finite.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+FAR = 1.0e30
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _min_combine(a, b):
+    return tl.minimum(a, b)
+
+
+@triton.jit
+def _minsum_combine(m1, z1, m2, z2):
+    # (m, z) represents sum_u exp(m - phi_u) with m = min phi_u: a stable running soft sum.
+    m = tl.minimum(m1, m2)
+    return m, z1 * tl.exp(m - m1) + z2 * tl.exp(m - m2)
+
+
+@triton.jit
+def _maxsum_combine(r1, w1, r2, w2):
+    # (r, w) represents sum_t x_t exp(M_t) as w * exp(r) with r = max M_t.
+    r = tl.maximum(r1, r2)
+    return r, w1 * tl.exp(r1 - r) + w2 * tl.exp(r2 - r)
+
+
+# ---------------------------------------------------------------------------------------------
+# prep: per-block prefix/suffix minima and their normalisers
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def _fpa_prep_kernel(
+    PHI, PSI, s_pb, s_pt, s_ph,
+    PHIP, PSIP, SUF, ZSUF, PRE, ZPRE, BMIN, ZBLK,
+    T, H, Tp, nB,
+    BS: tl.constexpr,
+):
+    blk = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    offs = blk * BS + tl.arange(0, BS)
+    valid = offs < T
+    phi = tl.load(PHI + b * s_pb + h * s_ph + offs * s_pt, mask=valid, other=FAR).to(tl.float32)
+    psi = tl.load(PSI + b * s_pb + h * s_ph + offs * s_pt, mask=valid, other=0.0).to(tl.float32)
+    idx = tl.arange(0, BS)
+    # suffix: suf[s] = min phi over (s, end]; tile [u, s]
+    after = idx[:, None] > idx[None, :]
+    tile_us = tl.where(after, phi[:, None], FAR)
+    suf = tl.min(tile_us, axis=0)
+    zsuf = tl.sum(tl.where(after, tl.exp(tl.minimum(suf[None, :] - phi[:, None], 0.0)), 0.0), axis=0)
+    # prefix: pre[t] = min phi over [start, t]; tile [t, u]
+    upto = idx[None, :] <= idx[:, None]
+    tile_tu = tl.where(upto, phi[None, :], FAR)
+    pre = tl.min(tile_tu, axis=1)
+    zpre = tl.sum(tl.where(upto, tl.exp(tl.minimum(pre[:, None] - phi[None, :], 0.0)), 0.0), axis=1)
+    bmin = tl.min(phi, axis=0)
+    zblk = tl.sum(tl.exp(bmin - phi), axis=0)
+    base = bh * Tp + offs
+    tl.store(PHIP + base, phi)
+    tl.store(PSIP + base, psi)
+    tl.store(SUF + base, suf)
+    tl.store(ZSUF + base, zsuf)
+    tl.store(PRE + base, pre)
+    tl.store(ZPRE + base, zpre)
+    tl.store(BMIN + bh * nB + blk, bmin)
+    tl.store(ZBLK + bh * nB + blk, zblk)
+
+
+@triton.jit
+def _keep_tile(suf, psi, mid, phi_start, beta, thr):
+    # Upper bound on the bias of every pair of a (query block, key block) tile: for s in J < I and
+    # t in I, M(s, t) <= suf_J(s), M <= mid(J, I), M <= phi(start of I). Keep unless below thr.
+    ub = tl.max(tl.minimum(tl.minimum(mid, phi_start), suf) - psi, axis=0)
+    return beta * tl.minimum(ub, 0.0) >= thr
+
+
+@triton.jit
+def _fwd_tile(q, K, V, b, h, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d,
+              suf, psi, mid, pre_i, sl2, bl2, m_i, l_i, acc, PREC: tl.constexpr):
+    k = tl.load(K + b * s_kb + h * s_kh + offs_n[:, None] * s_kt + offs_d[None, :])
+    v = tl.load(V + b * s_vb + h * s_vh + offs_n[:, None] * s_vt + offs_d[None, :])
+    Mt = tl.minimum(tl.minimum(suf[None, :], mid), pre_i[:, None])
+    s = tl.dot(q, tl.trans(k), input_precision=PREC) * sl2 + tl.minimum(Mt - psi[None, :], 0.0) * bl2
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    p = tl.exp2(s - m_new[:, None])
+    alpha = tl.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _dq_tile(q, do, K, V, b, h, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d, row_ok,
+             suf, zsuf, psi, mid, zmid, pre_i, zpre_i, lse, delta, beta, sl2, bl2, dq, c, PREC: tl.constexpr):
+    k = tl.load(K + b * s_kb + h * s_kh + offs_n[:, None] * s_kt + offs_d[None, :])
+    v = tl.load(V + b * s_vb + h * s_vh + offs_n[:, None] * s_vt + offs_d[None, :])
+    Mt = tl.minimum(tl.minimum(suf[None, :], mid), pre_i[:, None])
+    dlt = Mt - psi[None, :]
+    s = tl.dot(q, tl.trans(k), input_precision=PREC) * sl2 + tl.minimum(dlt, 0.0) * bl2
+    p = tl.exp2(s - lse[:, None])
+    p = tl.where(row_ok[:, None], p, 0.0)
+    dp = tl.dot(do, tl.trans(v), input_precision=PREC)
+    ds = p * (dp - delta[:, None])
+    dq += tl.dot(ds.to(k.dtype), k, input_precision=PREC)
+    g = tl.where(dlt < 0.0, ds * beta, 0.0)
+    e1 = tl.exp(Mt - suf[None, :])
+    e2 = tl.exp(Mt - mid)
+    e3 = tl.exp(Mt - pre_i[:, None])
+    z = zsuf[None, :] * e1 + zmid * e2 + zpre_i[:, None] * e3
+    c += tl.sum(g / z * e3, axis=1)
+    return dq, c
+
+
+@triton.jit
+def _dkdv_tile(k, v, Q, DO, LSE, DELTA, PRE, ZPRE, KAPPA, b, h, bh, J, I, nB, fbase, T,
+               s_qb, s_qt, s_qh, s_ob, s_ot, s_oh, offs_d, BS: tl.constexpr,
+               suf, zsuf, psi, mid, zmid, beta, sl2, bl2, dk, dv, a, dpsi, dbeta, PREC: tl.constexpr):
+    offs_m = I * BS + tl.arange(0, BS)
+    row_ok = offs_m < T
+    q = tl.load(Q + b * s_qb + h * s_qh + offs_m[:, None] * s_qt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    do = tl.load(DO + b * s_ob + h * s_oh + offs_m[:, None] * s_ot + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    lse = tl.load(LSE + fbase + offs_m)
+    delta = tl.load(DELTA + fbase + offs_m)
+    pre_i = tl.load(PRE + fbase + offs_m)
+    zpre_i = tl.load(ZPRE + fbase + offs_m)
+    Mt = tl.minimum(tl.minimum(suf[None, :], mid), pre_i[:, None])
+    dlt = Mt - psi[None, :]
+    s = tl.dot(q, tl.trans(k), input_precision=PREC) * sl2 + tl.minimum(dlt, 0.0) * bl2
+    p = tl.exp2(s - lse[:, None])
+    p = tl.where(row_ok[:, None], p, 0.0)
+    dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision=PREC)
+    dp = tl.dot(do, tl.trans(v), input_precision=PREC)
+    ds = p * (dp - delta[:, None])
+    dk += tl.dot(tl.trans(ds).to(q.dtype), q, input_precision=PREC)
+    g = tl.where(dlt < 0.0, ds * beta, 0.0)
+    dpsi -= tl.sum(g, axis=0)
+    dbeta += tl.sum(ds * tl.minimum(dlt, 0.0), axis=0)
+    e1 = tl.exp(Mt - suf[None, :])
+    e2 = tl.exp(Mt - mid)
+    e3 = tl.exp(Mt - pre_i[:, None])
+    r = g / (zsuf[None, :] * e1 + zmid * e2 + zpre_i[:, None] * e3)
+    a += tl.sum(r * e1, axis=0)
+    tl.store(KAPPA + (bh * nB + J) * nB + I, tl.sum(tl.sum(r * e2, axis=1), axis=0))
+    return dk, dv, a, dpsi, dbeta
+
+
+# ---------------------------------------------------------------------------------------------
+# forward
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def _fpa_fwd_kernel(
+    Q, K, V, O, LSE,
+    s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_ot, s_oh,
+    PHIP, PSIP, SUF, PRE, BMIN, BETA,
+    T, H, Tp, nB, qk_scale, thr,
+    BS: tl.constexpr, D: tl.constexpr, SKIP: tl.constexpr, PREC: tl.constexpr,
+):
+    I = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    beta = tl.load(BETA + h).to(tl.float32)
+    bl2 = beta * LOG2E
+    sl2 = qk_scale * LOG2E
+    offs_m = I * BS + tl.arange(0, BS)
+    offs_d = tl.arange(0, D)
+    row_ok = offs_m < T
+    q = tl.load(Q + b * s_qb + h * s_qh + offs_m[:, None] * s_qt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    fbase = bh * Tp
+    phi_i = tl.load(PHIP + fbase + offs_m)
+    pre_i = tl.load(PRE + fbase + offs_m)
+    phi_start = tl.load(PHIP + fbase + I * BS)
+    m_i = tl.full([BS], -float("inf"), tl.float32)
+    l_i = tl.zeros([BS], tl.float32)
+    acc = tl.zeros([BS, D], tl.float32)
+
+    # diagonal block: M by a masked cumulative min down the rows
+    offs_n = offs_m
+    k = tl.load(K + b * s_kb + h * s_kh + offs_n[:, None] * s_kt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    v = tl.load(V + b * s_vb + h * s_vh + offs_n[:, None] * s_vt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    psi = tl.load(PSIP + fbase + offs_n)
+    after = offs_m[:, None] > offs_n[None, :]
+    Mt = tl.associative_scan(tl.where(after, phi_i[:, None], FAR), 0, _min_combine)
+    s = tl.dot(q, tl.trans(k), input_precision=PREC) * sl2 + tl.minimum(Mt - psi[None, :], 0.0) * bl2
+    s = tl.where((offs_m[:, None] >= offs_n[None, :]) & (offs_n[None, :] < T), s, -float("inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    p = tl.exp2(s - m_new[:, None])
+    alpha = tl.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+    m_i = m_new
+
+    mid = FAR
+    for jj in range(0, I):
+        J = I - 1 - jj
+        offs_n = J * BS + tl.arange(0, BS)
+        suf = tl.load(SUF + fbase + offs_n)
+        psi = tl.load(PSIP + fbase + offs_n)
+        if SKIP:
+            if _keep_tile(suf, psi, mid, phi_start, beta, thr):
+                m_i, l_i, acc = _fwd_tile(q, K, V, b, h, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d,
+                                          suf, psi, mid, pre_i, sl2, bl2, m_i, l_i, acc, PREC)
+        else:
+            m_i, l_i, acc = _fwd_tile(q, K, V, b, h, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d,
+                                      suf, psi, mid, pre_i, sl2, bl2, m_i, l_i, acc, PREC)
+        mid = tl.minimum(mid, tl.load(BMIN + bh * nB + J))
+
+    acc = acc / l_i[:, None]
+    tl.store(O + b * s_ob + h * s_oh + offs_m[:, None] * s_ot + offs_d[None, :], acc.to(O.dtype.element_ty), mask=row_ok[:, None])
+    tl.store(LSE + fbase + offs_m, m_i + tl.log2(l_i))  # log2 units
+
+
+# ---------------------------------------------------------------------------------------------
+# backward, query-major: dq and the query-prefix field sums c_t (scattered at the end)
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def _fpa_bwd_dq_kernel(
+    Q, K, V, DO, DQ,
+    s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_ot, s_oh, s_dqb, s_dqt, s_dqh,
+    LSE, DELTA, PHIP, PSIP, SUF, ZSUF, PRE, ZPRE, BMIN, ZBLK, BETA, DPHI_Q,
+    T, H, Tp, nB, qk_scale, thr,
+    BS: tl.constexpr, D: tl.constexpr, SKIP: tl.constexpr, PREC: tl.constexpr,
+):
+    I = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    beta = tl.load(BETA + h).to(tl.float32)
+    bl2 = beta * LOG2E
+    sl2 = qk_scale * LOG2E
+    offs_m = I * BS + tl.arange(0, BS)
+    offs_d = tl.arange(0, D)
+    row_ok = offs_m < T
+    q = tl.load(Q + b * s_qb + h * s_qh + offs_m[:, None] * s_qt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    do = tl.load(DO + b * s_ob + h * s_oh + offs_m[:, None] * s_ot + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    fbase = bh * Tp
+    lse = tl.load(LSE + fbase + offs_m)
+    delta = tl.load(DELTA + fbase + offs_m)
+    phi_i = tl.load(PHIP + fbase + offs_m)
+    pre_i = tl.load(PRE + fbase + offs_m)
+    zpre_i = tl.load(ZPRE + fbase + offs_m)
+    phi_start = tl.load(PHIP + fbase + I * BS)
+    dq = tl.zeros([BS, D], tl.float32)
+    c = tl.zeros([BS], tl.float32)
+
+    # diagonal
+    offs_n = offs_m
+    k = tl.load(K + b * s_kb + h * s_kh + offs_n[:, None] * s_kt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    v = tl.load(V + b * s_vb + h * s_vh + offs_n[:, None] * s_vt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    psi = tl.load(PSIP + fbase + offs_n)
+    after = offs_m[:, None] > offs_n[None, :]
+    Mt = tl.associative_scan(tl.where(after, phi_i[:, None], FAR), 0, _min_combine)
+    s = tl.dot(q, tl.trans(k), input_precision=PREC) * sl2 + tl.minimum(Mt - psi[None, :], 0.0) * bl2
+    p = tl.exp2(s - lse[:, None])
+    p = tl.where((offs_m[:, None] >= offs_n[None, :]) & row_ok[:, None], p, 0.0)
+    dp = tl.dot(do, tl.trans(v), input_precision=PREC)
+    ds = p * (dp - delta[:, None])
+    dq += tl.dot(ds.to(k.dtype), k, input_precision=PREC)
+
+    mid = FAR
+    zmid = 0.0
+    for jj in range(0, I):
+        J = I - 1 - jj
+        offs_n = J * BS + tl.arange(0, BS)
+        suf = tl.load(SUF + fbase + offs_n)
+        psi = tl.load(PSIP + fbase + offs_n)
+        zsuf = tl.load(ZSUF + fbase + offs_n)
+        if SKIP:
+            if _keep_tile(suf, psi, mid, phi_start, beta, thr):
+                dq, c = _dq_tile(q, do, K, V, b, h, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d, row_ok,
+                                 suf, zsuf, psi, mid, zmid, pre_i, zpre_i, lse, delta, beta, sl2, bl2, dq, c, PREC)
+        else:
+            dq, c = _dq_tile(q, do, K, V, b, h, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d, row_ok,
+                             suf, zsuf, psi, mid, zmid, pre_i, zpre_i, lse, delta, beta, sl2, bl2, dq, c, PREC)
+        bm = tl.load(BMIN + bh * nB + J)
+        zb = tl.load(ZBLK + bh * nB + J)
+        mid_new = tl.minimum(mid, bm)
+        zmid = zmid * tl.exp(mid_new - mid) + zb * tl.exp(mid_new - bm)
+        mid = mid_new
+
+    tl.store(DQ + b * s_dqb + h * s_dqh + offs_m[:, None] * s_dqt + offs_d[None, :],
+             (dq * qk_scale).to(DQ.dtype.element_ty), mask=row_ok[:, None])
+    # scatter c: dphi_u += sum_{t >= u in I} c_t exp(pre(t) - phi_u); tile [u, t]
+    idx = tl.arange(0, BS)
+    w = tl.where(idx[None, :] >= idx[:, None], c[None, :] * tl.exp(tl.minimum(pre_i[None, :] - phi_i[:, None], 0.0)), 0.0)
+    tl.store(DPHI_Q + fbase + offs_m, tl.sum(w, axis=1))
+
+
+# ---------------------------------------------------------------------------------------------
+# backward, key-major: dk, dv, dpsi, dbeta partials, key-suffix sums a_s, the middle scalars kappa,
+# and the diagonal block's field gradient
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def _fpa_bwd_dkdv_kernel(
+    Q, K, V, DO, DK, DV,
+    s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_ot, s_oh,
+    s_dkb, s_dkt, s_dkh, s_dvb, s_dvt, s_dvh,
+    LSE, DELTA, PHIP, PSIP, SUF, ZSUF, PRE, ZPRE, BMIN, ZBLK, BETA,
+    DPHI_K, DPSI, DBETA, KAPPA,
+    T, H, Tp, nB, qk_scale, thr,
+    BS: tl.constexpr, D: tl.constexpr, SKIP: tl.constexpr, PREC: tl.constexpr,
+):
+    J = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    beta = tl.load(BETA + h).to(tl.float32)
+    bl2 = beta * LOG2E
+    sl2 = qk_scale * LOG2E
+    offs_n = J * BS + tl.arange(0, BS)
+    offs_d = tl.arange(0, D)
+    col_ok = offs_n < T
+    k = tl.load(K + b * s_kb + h * s_kh + offs_n[:, None] * s_kt + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+    v = tl.load(V + b * s_vb + h * s_vh + offs_n[:, None] * s_vt + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+    fbase = bh * Tp
+    phi_j = tl.load(PHIP + fbase + offs_n)
+    psi = tl.load(PSIP + fbase + offs_n)
+    suf = tl.load(SUF + fbase + offs_n)
+    zsuf = tl.load(ZSUF + fbase + offs_n)
+    dk = tl.zeros([BS, D], tl.float32)
+    dv = tl.zeros([BS, D], tl.float32)
+    a = tl.zeros([BS], tl.float32)
+    dpsi = tl.zeros([BS], tl.float32)
+    dbeta = tl.zeros([BS], tl.float32)
+
+    # diagonal block (I = J): rows t, columns s, both in this block
+    offs_m = offs_n
+    row_ok = col_ok
+    q = tl.load(Q + b * s_qb + h * s_qh + offs_m[:, None] * s_qt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    do = tl.load(DO + b * s_ob + h * s_oh + offs_m[:, None] * s_ot + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    lse = tl.load(LSE + fbase + offs_m)
+    delta = tl.load(DELTA + fbase + offs_m)
+    after = offs_m[:, None] > offs_n[None, :]
+    Mt, Zt = tl.associative_scan(
+        (tl.where(after, phi_j[:, None], FAR), tl.where(after, 1.0, 0.0)), 0, _minsum_combine)
+    dlt = Mt - psi[None, :]
+    s = tl.dot(q, tl.trans(k), input_precision=PREC) * sl2 + tl.minimum(dlt, 0.0) * bl2
+    p = tl.exp2(s - lse[:, None])
+    p = tl.where((offs_m[:, None] >= offs_n[None, :]) & row_ok[:, None], p, 0.0)
+    dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision=PREC)
+    dp = tl.dot(do, tl.trans(v), input_precision=PREC)
+    ds = p * (dp - delta[:, None])
+    dk += tl.dot(tl.trans(ds).to(q.dtype), q, input_precision=PREC)
+    dead = (dlt < 0.0) & after
+    g = tl.where(dead, ds * beta, 0.0)
+    dpsi -= tl.sum(g, axis=0)
+    dbeta += tl.sum(tl.where(after, ds * tl.minimum(dlt, 0.0), 0.0), axis=0)
+    r = g / tl.where(dead, Zt, 1.0)
+    # S_u = sum_{t >= u} r_t exp(M_t - M_u), a reverse scan down the rows (M_u = max over t >= u)
+    Rr, Sw = tl.associative_scan((tl.where(after, Mt, -FAR), r), 0, _maxsum_combine, reverse=True)
+    wdiag = tl.where(after, Sw * tl.exp(tl.minimum(Mt - phi_j[:, None], 0.0)), 0.0)
+    dphi = tl.sum(wdiag, axis=1)  # indexed by u (rows)
+
+    mid = FAR
+    zmid = 0.0
+    for I in range(J + 1, nB):
+        if SKIP:
+            phi_start = tl.load(PHIP + fbase + I * BS)
+            if _keep_tile(suf, psi, mid, phi_start, beta, thr):
+                dk, dv, a, dpsi, dbeta = _dkdv_tile(
+                    k, v, Q, DO, LSE, DELTA, PRE, ZPRE, KAPPA, b, h, bh, J, I, nB, fbase, T,
+                    s_qb, s_qt, s_qh, s_ob, s_ot, s_oh, offs_d, BS,
+                    suf, zsuf, psi, mid, zmid, beta, sl2, bl2, dk, dv, a, dpsi, dbeta, PREC)
+        else:
+            dk, dv, a, dpsi, dbeta = _dkdv_tile(
+                k, v, Q, DO, LSE, DELTA, PRE, ZPRE, KAPPA, b, h, bh, J, I, nB, fbase, T,
+                s_qb, s_qt, s_qh, s_ob, s_ot, s_oh, offs_d, BS,
+                suf, zsuf, psi, mid, zmid, beta, sl2, bl2, dk, dv, a, dpsi, dbeta, PREC)
+        bm = tl.load(BMIN + bh * nB + I)
+        zb = tl.load(ZBLK + bh * nB + I)
+        mid_new = tl.minimum(mid, bm)
+        zmid = zmid * tl.exp(mid_new - mid) + zb * tl.exp(mid_new - bm)
+        mid = mid_new
+
+    tl.store(DK + b * s_dkb + h * s_dkh + offs_n[:, None] * s_dkt + offs_d[None, :],
+             (dk * qk_scale).to(DK.dtype.element_ty), mask=col_ok[:, None])
+    tl.store(DV + b * s_dvb + h * s_dvh + offs_n[:, None] * s_dvt + offs_d[None, :],
+             dv.to(DV.dtype.element_ty), mask=col_ok[:, None])
+    # scatter a: dphi_u += sum_{s < u in J} a_s exp(suf(s) - phi_u); tile [u, s]
+    idx = tl.arange(0, BS)
+    w = tl.where(idx[:, None] > idx[None, :], a[None, :] * tl.exp(tl.minimum(suf[None, :] - phi_j[:, None], 0.0)), 0.0)
+    dphi += tl.sum(w, axis=1)
+    tl.store(DPHI_K + fbase + offs_n, dphi)
+    tl.store(DPSI + fbase + offs_n, dpsi)
+    tl.store(DBETA + fbase + offs_n, dbeta)
+
+
+# ---------------------------------------------------------------------------------------------
+# the middle scalar pass: dphi_u (u in K) += exp(bmin_K - phi_u) * sum_{J<K<I} kappa[J,I] exp(mid(J,I) - bmin_K)
+# with mid(J, I) = CMIN[J, I - 1], CMIN[J, L] = min of block minima over (J, L]
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def _fpa_mid_kernel(
+    KAPPA, CMIN, BMIN, PHIP, DPHI_M,
+    Tp, nB,
+    BS: tl.constexpr, CB: tl.constexpr,
+):
+    Kb = tl.program_id(0)
+    bh = tl.program_id(1)
+    bmin_k = tl.load(BMIN + bh * nB + Kb)
+    acc = tl.zeros([CB, CB], tl.float32)
+    base = bh * nB * nB
+    for j0 in range(0, Kb, CB):
+        jr = j0 + tl.arange(0, CB)
+        for i0 in range(Kb + 1, nB, CB):
+            ic = i0 + tl.arange(0, CB)
+            msk = (jr[:, None] < Kb) & (ic[None, :] < nB)
+            kap = tl.load(KAPPA + base + jr[:, None] * nB + ic[None, :], mask=msk, other=0.0)
+            cm = tl.load(CMIN + base + jr[:, None] * nB + (ic[None, :] - 1), mask=msk, other=FAR)
+            acc += tl.where(msk, kap * tl.exp(tl.minimum(cm - bmin_k, 0.0)), 0.0)
+    y = tl.sum(tl.sum(acc, axis=1), axis=0)
+    offs = Kb * BS + tl.arange(0, BS)
+    phi = tl.load(PHIP + bh * Tp + offs)
+    tl.store(DPHI_M + bh * Tp + offs, y * tl.exp(bmin_k - phi))

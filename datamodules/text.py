@@ -179,7 +179,8 @@ def _new_delta() -> dict:
 
 def _drain(delta: dict) -> dict:
     """A copy of the counters gathered since the last batch; zeroes ``delta`` in place (shared with readers)."""
-    out = {k: (Counter(v) if isinstance(v, Counter) else v) for k, v in delta.items()}
+    # plain dicts: torch's default_convert would "copy" a Counter with update(), doubling it
+    out = {k: (dict(v) if isinstance(v, Counter) else v) for k, v in delta.items()}
     for k, v in delta.items():
         if isinstance(v, Counter):
             v.clear()
@@ -233,7 +234,7 @@ class ResumableLoader(DataLoader):
     """A DataLoader over a ``PackedStream`` that strips the private metadata and reports it to the module."""
 
     def __init__(self, dataset: PackedStream, module: "TextDataModule", split: str, max_batches: int | None, **kw):
-        super().__init__(dataset, batch_size=None, **kw)
+        super().__init__(dataset, batch_size=None, collate_fn=_as_is, **kw)
         self._module, self._split, self._max_batches = module, split, max_batches
 
     def __iter__(self):
@@ -251,6 +252,11 @@ class ResumableLoader(DataLoader):
             if self._max_batches is not None and produced >= self._max_batches:
                 break  # before asking the workers for more
         self._module._on_split_end(self._split, produced)
+
+
+def _as_is(item):
+    """Workers build whole batches already; pass them through untouched."""
+    return item
 
 
 def _iter_without_fork_parallelism(loader: DataLoader):

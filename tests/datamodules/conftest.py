@@ -1,16 +1,8 @@
 """Shared fixtures: an isolated cache folder (tokenizer + corpus built once per session) and file writers."""
 
 import os
-import pathlib
-import sys
 
-# tests/conftest.py puts tests/ on sys.path, where this folder (no __init__.py: pytest would otherwise
-# name it "datamodules" too) looks like a namespace package called "datamodules" that wins over the
-# editable install's finder. Import the real package first, from the repository root.
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
-import datamodules  # noqa: E402,F401
-
-import pytest  # noqa: E402
+import pytest
 
 
 @pytest.fixture(scope="session", autouse=True)

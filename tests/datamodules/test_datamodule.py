@@ -150,12 +150,14 @@ def test_two_ranks_disjoint_and_complete(tmp_path):
         ]
         assert not set(per_rank[0]) & set(per_rank[1])
         assert set(per_rank[0]) | set(per_rank[1]) == all_docs and sum(map(len, per_rank)) == len(docs)
-        for r in (0, 1):  # the packed stream of a rank is made only of that rank's documents
-            inputs = torch.cat([b["input_ids"].flatten() for b in dm.val_dataloader(rank=r, world_size=2)])
-            mine = np.concatenate([np.asarray(d) for d in per_rank[r]])
-            other = np.concatenate([np.asarray(d) for d in per_rank[1 - r]])
-            assert len(inputs) <= len(mine) and set(inputs.tolist()) <= set(mine.tolist())
-            assert np.isin(np.unique(other), inputs.numpy()).mean() < 1.0 or set(other) <= set(mine)
+        # the packed pipeline (2 ranks x 2 workers = 4 shards) reads every document exactly once
+        counts = []
+        for r in (0, 1):
+            rank_dm = dm_for(tmp_path / layout, seq_len=16, batch_size=2, num_workers=2)
+            list(rank_dm.val_dataloader(rank=r, world_size=2))
+            counts.append(rank_dm.stats["validation"])
+        assert sum(c["documents"] for c in counts) == len(docs)
+        assert sum(c["tokens"] for c in counts) == sum(len(d) for d in all_docs)
     # train streams of two ranks start on different documents
     a = take(dm_for(tmp_path / "f", train_files="validation/*.jsonl").train_dataloader(rank=0, world_size=2), 1)
     b = take(dm_for(tmp_path / "f", train_files="validation/*.jsonl").train_dataloader(rank=1, world_size=2), 1)
@@ -192,7 +194,7 @@ def test_slimpajama_local_zst_layout(tmp_path):
     for split in ("train", "validation", "test"):
         for c in (1, 2):
             write_jsonl(tmp_path / split / f"chunk{c}" / f"example_{split}_0.jsonl.zst",
-                        [{"text": t, "meta": {"redpajama_set_name": "RedPajamaBook"}} for t in docs[c::2]], "zst")
+                        [{"text": t, "meta": {"redpajama_set_name": "RedPajamaBook"}} for t in docs[c - 1 :: 2]], "zst")
     dm = SlimPajamaDataModule(source=str(tmp_path), seq_len=64, batch_size=2, num_workers=0)
     dm.setup("fit")
     assert len(dm.split_source("train").files) == 2
@@ -207,7 +209,7 @@ def test_pg19_parquet_layout_and_long_docs(tmp_path, tok):
     dm = PG19DataModule(source=str(tmp_path), seq_len=128, batch_size=2, num_workers=0)
     dm.setup("test")
     batches = list(dm.test_dataloader())  # long_docs: one whole book per batch, unpacked
-    assert [b["input_ids"].shape for b in batches] == [(1, 16383), (1, 5)]
+    assert [b["input_ids"].shape for b in batches] == [(1, 16383), (1, 4)]
     assert batches[0]["input_ids"][0, 0] == BOS_ID and batches[1]["labels"][0, -1] == EOS_ID
     packed = PG19DataModule(source=str(tmp_path), eval_mode="packed", seq_len=128, batch_size=2, num_workers=0)
     assert take(packed.val_dataloader(), 1)[0]["input_ids"].shape == (2, 128)
@@ -295,6 +297,6 @@ def test_4mb_document(tmp_path, tok):
     t = time.perf_counter()
     (doc,) = list(dm.long_documents("validation", max_tokens=10**7))
     assert time.perf_counter() - t < 10
-    head = tok.encode(text[: 4221 * 3]).ids  # three whole lines, a safe cut
-    assert doc[1 : 1 + len(head)].tolist() == head and int(doc[-1]) == EOS_ID
-    assert len(doc) - 2 == 1000 * len(tok.encode("And it came to pass, " * 200 + "\n").ids) - 0
+    assert doc[0] == BOS_ID and doc[-1] == EOS_ID
+    assert doc[1:-1].tolist() == tok.encode(text).ids  # pieces encoded apart == whole encoding
+    assert dm.stats["validation"]["documents"] == 0  # long_documents does not count as a pass

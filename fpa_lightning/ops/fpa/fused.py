@@ -43,9 +43,11 @@ def _empty(shape, *, dtype, device):
     return torch.empty(shape, dtype=dtype, device=device)
 
 
-def _launch_cfg(D: int):
+def _launch_cfg(D: int, bwd: bool):
     if _interpreting():
         return {}
+    if bwd:
+        return {"num_warps": 8, "num_stages": 2}
     return {"num_warps": 4, "num_stages": 2}
 
 
@@ -79,21 +81,23 @@ class _FPAFunction(torch.autograd.Function):
         lse = _empty((B * H, Tp), dtype=torch.float32, device=q.device)
         skip = thr is not None
         prec = "ieee" if q.dtype == torch.float32 else "tf32"
+        need_grad = any(ctx.needs_input_grad[:6])
+        o32 = _empty((B * H, Tp, D), dtype=torch.float32, device=q.device) if need_grad else lse
         _k._fpa_fwd_kernel[(nB, B * H)](
-            q, k, v, o, lse,
+            q, k, v, o, o32, lse,
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
             phip, psip, suf, pre, bmin, beta,
             T, H, Tp, nB, scale, float(thr) if skip else 0.0,
-            BS=BS, D=D, SKIP=skip, PREC=prec, **_launch_cfg(D),
+            BS=BS, D=D, SKIP=skip, PREC=prec, STORE32=need_grad, **_launch_cfg(D, bwd=False),
         )
-        ctx.save_for_backward(q, k, v, o, lse, phip, psip, suf, zsuf, pre, zpre, bmin, zblk, beta)
+        ctx.save_for_backward(q, k, v, o32, lse, phip, psip, suf, zsuf, pre, zpre, bmin, zblk, beta)
         ctx.cfg = (scale, thr, BS)
         return o
 
     @staticmethod
     def backward(ctx, do):
-        q, k, v, o, lse, phip, psip, suf, zsuf, pre, zpre, bmin, zblk, beta = ctx.saved_tensors
+        q, k, v, o32, lse, phip, psip, suf, zsuf, pre, zpre, bmin, zblk, beta = ctx.saved_tensors
         scale, thr, BS = ctx.cfg
         B, T, H, D = q.shape
         nB = triton.cdiv(T, BS)
@@ -106,23 +110,23 @@ class _FPAFunction(torch.autograd.Function):
         if do.stride(-1) != 1:
             do = do.contiguous()
         delta = torch.zeros((BH, Tp), dtype=torch.float32, device=dev)
-        delta.view(B, H, Tp)[:, :, :T] = (do.float() * o.float()).sum(-1).permute(0, 2, 1)
+        delta.view(B, H, Tp)[:, :, :T] = (do.float().permute(0, 2, 1, 3) * o32.view(B, H, Tp, D)[:, :, :T]).sum(-1)
         dq = _empty(q.shape, dtype=q.dtype, device=dev)
         dk = _empty(k.shape, dtype=k.dtype, device=dev)
         dv = _empty(v.shape, dtype=v.dtype, device=dev)
-        dphi_q = _empty((BH, Tp), dtype=torch.float32, device=dev)
+        cpart = _empty((BH, nB, Tp), dtype=torch.float32, device=dev)
         dphi_k = _empty((BH, Tp), dtype=torch.float32, device=dev)
-        dphi_m = torch.zeros((BH, Tp), dtype=torch.float32, device=dev)
+        dphi_m = _empty((BH, Tp), dtype=torch.float32, device=dev)
         dpsi = _empty((BH, Tp), dtype=torch.float32, device=dev)
         dbeta = _empty((BH, Tp), dtype=torch.float32, device=dev)
         kappa = torch.zeros((BH, nB, nB), dtype=torch.float32, device=dev)
-        cfg = _launch_cfg(D)
+        cfg = _launch_cfg(D, bwd=True)
         _k._fpa_bwd_dq_kernel[(nB, BH)](
             q, k, v, do, dq,
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
             dq.stride(0), dq.stride(1), dq.stride(2),
-            lse, delta, phip, psip, suf, zsuf, pre, zpre, bmin, zblk, beta, dphi_q,
+            lse, delta, phip, psip, suf, pre, bmin, beta,
             T, H, Tp, nB, scale, thr_f,
             BS=BS, D=D, SKIP=skip, PREC=prec, **cfg,
         )
@@ -132,16 +136,15 @@ class _FPAFunction(torch.autograd.Function):
             v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
             dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
             lse, delta, phip, psip, suf, zsuf, pre, zpre, bmin, zblk, beta,
-            dphi_k, dpsi, dbeta, kappa,
+            dphi_k, dpsi, dbeta, kappa, cpart,
             T, H, Tp, nB, scale, thr_f,
             BS=BS, D=D, SKIP=skip, PREC=prec, **cfg,
         )
-        if nB >= 3:
-            # CMIN[J, L] = min of block minima over (J, L]
-            idx = torch.arange(nB, device=dev)
-            cmin = torch.where(idx[None, :] > idx[:, None], bmin[:, None, :], _k.FAR).cummin(dim=-1).values
-            _k._fpa_mid_kernel[(nB, BH)](kappa, cmin.contiguous(), bmin, phip, dphi_m, Tp, nB, BS=BS, CB=32)
-        dphi = (dphi_q + dphi_k + dphi_m).view(B, H, Tp)[:, :, :T].permute(0, 2, 1)
+        # CMIN[J, L] = min of block minima over (J, L]
+        idx = torch.arange(nB, device=dev)
+        cmin = torch.where(idx[None, :] > idx[:, None], bmin[:, None, :], _k.FAR_VALUE).cummin(dim=-1).values
+        _k._fpa_mid_kernel[(nB, BH)](kappa, cmin.contiguous(), bmin, phip, pre, cpart, dphi_m, Tp, nB, BS=BS, CB=32)
+        dphi = (dphi_k + dphi_m).view(B, H, Tp)[:, :, :T].permute(0, 2, 1)
         dpsi_out = dpsi.view(B, H, Tp)[:, :, :T].permute(0, 2, 1)
         dbeta_out = dbeta.view(B, H, Tp)[:, :, :T].sum(dim=(0, 2))
         return dq, dk, dv, dphi, dpsi_out, dbeta_out.to(beta.dtype), None, None

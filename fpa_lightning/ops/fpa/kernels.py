@@ -15,8 +15,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-FAR = 1.0e30
-LOG2E = 1.4426950408889634
+FAR_VALUE = 1.0e30
+FAR = tl.constexpr(FAR_VALUE)
+LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
@@ -105,30 +106,24 @@ def _fwd_tile(q, K, V, b, h, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d,
 
 @triton.jit
 def _dq_tile(q, do, K, V, b, h, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d, row_ok,
-             suf, zsuf, psi, mid, zmid, pre_i, zpre_i, lse, delta, beta, sl2, bl2, dq, c, PREC: tl.constexpr):
+             suf, psi, mid, pre_i, lse, delta, sl2, bl2, dq, PREC: tl.constexpr):
     k = tl.load(K + b * s_kb + h * s_kh + offs_n[:, None] * s_kt + offs_d[None, :])
     v = tl.load(V + b * s_vb + h * s_vh + offs_n[:, None] * s_vt + offs_d[None, :])
     Mt = tl.minimum(tl.minimum(suf[None, :], mid), pre_i[:, None])
-    dlt = Mt - psi[None, :]
-    s = tl.dot(q, tl.trans(k), input_precision=PREC) * sl2 + tl.minimum(dlt, 0.0) * bl2
+    s = tl.dot(q, tl.trans(k), input_precision=PREC) * sl2 + tl.minimum(Mt - psi[None, :], 0.0) * bl2
     p = tl.exp2(s - lse[:, None])
     p = tl.where(row_ok[:, None], p, 0.0)
     dp = tl.dot(do, tl.trans(v), input_precision=PREC)
     ds = p * (dp - delta[:, None])
     dq += tl.dot(ds.to(k.dtype), k, input_precision=PREC)
-    g = tl.where(dlt < 0.0, ds * beta, 0.0)
-    e1 = tl.exp(Mt - suf[None, :])
-    e2 = tl.exp(Mt - mid)
-    e3 = tl.exp(Mt - pre_i[:, None])
-    z = zsuf[None, :] * e1 + zmid * e2 + zpre_i[:, None] * e3
-    c += tl.sum(g / z * e3, axis=1)
-    return dq, c
+    return dq
 
 
 @triton.jit
-def _dkdv_tile(k, v, Q, DO, LSE, DELTA, PRE, ZPRE, KAPPA, b, h, bh, J, I, nB, fbase, T,
+def _dkdv_tile(k, v, Q, DO, LSE, DELTA, PRE, ZPRE, KAPPA, CPART, b, h, bh, J, I, nB, fbase, Tp, T,
                s_qb, s_qt, s_qh, s_ob, s_ot, s_oh, offs_d, BS: tl.constexpr,
                suf, zsuf, psi, mid, zmid, beta, sl2, bl2, dk, dv, a, dpsi, dbeta, PREC: tl.constexpr):
+    # transposed tile [s (keys of J), t (queries of I)], J < I
     offs_m = I * BS + tl.arange(0, BS)
     row_ok = offs_m < T
     q = tl.load(Q + b * s_qb + h * s_qh + offs_m[:, None] * s_qt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
@@ -137,23 +132,24 @@ def _dkdv_tile(k, v, Q, DO, LSE, DELTA, PRE, ZPRE, KAPPA, b, h, bh, J, I, nB, fb
     delta = tl.load(DELTA + fbase + offs_m)
     pre_i = tl.load(PRE + fbase + offs_m)
     zpre_i = tl.load(ZPRE + fbase + offs_m)
-    Mt = tl.minimum(tl.minimum(suf[None, :], mid), pre_i[:, None])
-    dlt = Mt - psi[None, :]
-    s = tl.dot(q, tl.trans(k), input_precision=PREC) * sl2 + tl.minimum(dlt, 0.0) * bl2
-    p = tl.exp2(s - lse[:, None])
-    p = tl.where(row_ok[:, None], p, 0.0)
-    dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision=PREC)
-    dp = tl.dot(do, tl.trans(v), input_precision=PREC)
-    ds = p * (dp - delta[:, None])
-    dk += tl.dot(tl.trans(ds).to(q.dtype), q, input_precision=PREC)
-    g = tl.where(dlt < 0.0, ds * beta, 0.0)
-    dpsi -= tl.sum(g, axis=0)
-    dbeta += tl.sum(ds * tl.minimum(dlt, 0.0), axis=0)
-    e1 = tl.exp(Mt - suf[None, :])
+    Mt = tl.minimum(tl.minimum(suf[:, None], mid), pre_i[None, :])
+    dlt = Mt - psi[:, None]
+    sT = tl.dot(k, tl.trans(q), input_precision=PREC) * sl2 + tl.minimum(dlt, 0.0) * bl2
+    pT = tl.exp2(sT - lse[None, :])
+    pT = tl.where(row_ok[None, :], pT, 0.0)
+    dv += tl.dot(pT.to(do.dtype), do, input_precision=PREC)
+    dpT = tl.dot(v, tl.trans(do), input_precision=PREC)
+    dsT = pT * (dpT - delta[None, :])
+    dk += tl.dot(dsT.to(q.dtype), q, input_precision=PREC)
+    g = tl.where(dlt < 0.0, dsT * beta, 0.0)
+    dpsi -= tl.sum(g, axis=1)
+    dbeta += tl.sum(dsT * tl.minimum(dlt, 0.0), axis=1)
+    e1 = tl.exp(Mt - suf[:, None])
     e2 = tl.exp(Mt - mid)
-    e3 = tl.exp(Mt - pre_i[:, None])
-    r = g / (zsuf[None, :] * e1 + zmid * e2 + zpre_i[:, None] * e3)
-    a += tl.sum(r * e1, axis=0)
+    e3 = tl.exp(Mt - pre_i[None, :])
+    r = tl.fdiv(g, zsuf[:, None] * e1 + zmid * e2 + zpre_i[None, :] * e3)
+    a += tl.sum(r * e1, axis=1)
+    tl.store(CPART + (bh * nB + J) * Tp + offs_m, tl.sum(r * e3, axis=0))
     tl.store(KAPPA + (bh * nB + J) * nB + I, tl.sum(tl.sum(r * e2, axis=1), axis=0))
     return dk, dv, a, dpsi, dbeta
 
@@ -163,11 +159,11 @@ def _dkdv_tile(k, v, Q, DO, LSE, DELTA, PRE, ZPRE, KAPPA, b, h, bh, J, I, nB, fb
 # ---------------------------------------------------------------------------------------------
 @triton.jit
 def _fpa_fwd_kernel(
-    Q, K, V, O, LSE,
+    Q, K, V, O, O32, LSE,
     s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_ot, s_oh,
     PHIP, PSIP, SUF, PRE, BMIN, BETA,
     T, H, Tp, nB, qk_scale, thr,
-    BS: tl.constexpr, D: tl.constexpr, SKIP: tl.constexpr, PREC: tl.constexpr,
+    BS: tl.constexpr, D: tl.constexpr, SKIP: tl.constexpr, PREC: tl.constexpr, STORE32: tl.constexpr,
 ):
     I = tl.program_id(0)
     bh = tl.program_id(1)
@@ -221,6 +217,8 @@ def _fpa_fwd_kernel(
 
     acc = acc / l_i[:, None]
     tl.store(O + b * s_ob + h * s_oh + offs_m[:, None] * s_ot + offs_d[None, :], acc.to(O.dtype.element_ty), mask=row_ok[:, None])
+    if STORE32:  # (B*H, Tp, D) fp32: the backward's rowsum(dO * O) without O's rounding
+        tl.store(O32 + (fbase + offs_m[:, None]) * D + offs_d[None, :], acc)
     tl.store(LSE + fbase + offs_m, m_i + tl.log2(l_i))  # log2 units
 
 
@@ -231,7 +229,7 @@ def _fpa_fwd_kernel(
 def _fpa_bwd_dq_kernel(
     Q, K, V, DO, DQ,
     s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_ot, s_oh, s_dqb, s_dqt, s_dqh,
-    LSE, DELTA, PHIP, PSIP, SUF, ZSUF, PRE, ZPRE, BMIN, ZBLK, BETA, DPHI_Q,
+    LSE, DELTA, PHIP, PSIP, SUF, PRE, BMIN, BETA,
     T, H, Tp, nB, qk_scale, thr,
     BS: tl.constexpr, D: tl.constexpr, SKIP: tl.constexpr, PREC: tl.constexpr,
 ):
@@ -252,10 +250,8 @@ def _fpa_bwd_dq_kernel(
     delta = tl.load(DELTA + fbase + offs_m)
     phi_i = tl.load(PHIP + fbase + offs_m)
     pre_i = tl.load(PRE + fbase + offs_m)
-    zpre_i = tl.load(ZPRE + fbase + offs_m)
     phi_start = tl.load(PHIP + fbase + I * BS)
     dq = tl.zeros([BS, D], tl.float32)
-    c = tl.zeros([BS], tl.float32)
 
     # diagonal
     offs_n = offs_m
@@ -272,32 +268,22 @@ def _fpa_bwd_dq_kernel(
     dq += tl.dot(ds.to(k.dtype), k, input_precision=PREC)
 
     mid = FAR
-    zmid = 0.0
     for jj in range(0, I):
         J = I - 1 - jj
         offs_n = J * BS + tl.arange(0, BS)
         suf = tl.load(SUF + fbase + offs_n)
         psi = tl.load(PSIP + fbase + offs_n)
-        zsuf = tl.load(ZSUF + fbase + offs_n)
         if SKIP:
             if _keep_tile(suf, psi, mid, phi_start, beta, thr):
-                dq, c = _dq_tile(q, do, K, V, b, h, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d, row_ok,
-                                 suf, zsuf, psi, mid, zmid, pre_i, zpre_i, lse, delta, beta, sl2, bl2, dq, c, PREC)
+                dq = _dq_tile(q, do, K, V, b, h, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d, row_ok,
+                              suf, psi, mid, pre_i, lse, delta, sl2, bl2, dq, PREC)
         else:
-            dq, c = _dq_tile(q, do, K, V, b, h, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d, row_ok,
-                             suf, zsuf, psi, mid, zmid, pre_i, zpre_i, lse, delta, beta, sl2, bl2, dq, c, PREC)
-        bm = tl.load(BMIN + bh * nB + J)
-        zb = tl.load(ZBLK + bh * nB + J)
-        mid_new = tl.minimum(mid, bm)
-        zmid = zmid * tl.exp(mid_new - mid) + zb * tl.exp(mid_new - bm)
-        mid = mid_new
+            dq = _dq_tile(q, do, K, V, b, h, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d, row_ok,
+                          suf, psi, mid, pre_i, lse, delta, sl2, bl2, dq, PREC)
+        mid = tl.minimum(mid, tl.load(BMIN + bh * nB + J))
 
     tl.store(DQ + b * s_dqb + h * s_dqh + offs_m[:, None] * s_dqt + offs_d[None, :],
              (dq * qk_scale).to(DQ.dtype.element_ty), mask=row_ok[:, None])
-    # scatter c: dphi_u += sum_{t >= u in I} c_t exp(pre(t) - phi_u); tile [u, t]
-    idx = tl.arange(0, BS)
-    w = tl.where(idx[None, :] >= idx[:, None], c[None, :] * tl.exp(tl.minimum(pre_i[None, :] - phi_i[:, None], 0.0)), 0.0)
-    tl.store(DPHI_Q + fbase + offs_m, tl.sum(w, axis=1))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -310,7 +296,7 @@ def _fpa_bwd_dkdv_kernel(
     s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_ot, s_oh,
     s_dkb, s_dkt, s_dkh, s_dvb, s_dvt, s_dvh,
     LSE, DELTA, PHIP, PSIP, SUF, ZSUF, PRE, ZPRE, BMIN, ZBLK, BETA,
-    DPHI_K, DPSI, DBETA, KAPPA,
+    DPHI_K, DPSI, DBETA, KAPPA, CPART,
     T, H, Tp, nB, qk_scale, thr,
     BS: tl.constexpr, D: tl.constexpr, SKIP: tl.constexpr, PREC: tl.constexpr,
 ):
@@ -372,12 +358,14 @@ def _fpa_bwd_dkdv_kernel(
             phi_start = tl.load(PHIP + fbase + I * BS)
             if _keep_tile(suf, psi, mid, phi_start, beta, thr):
                 dk, dv, a, dpsi, dbeta = _dkdv_tile(
-                    k, v, Q, DO, LSE, DELTA, PRE, ZPRE, KAPPA, b, h, bh, J, I, nB, fbase, T,
+                    k, v, Q, DO, LSE, DELTA, PRE, ZPRE, KAPPA, CPART, b, h, bh, J, I, nB, fbase, Tp, T,
                     s_qb, s_qt, s_qh, s_ob, s_ot, s_oh, offs_d, BS,
                     suf, zsuf, psi, mid, zmid, beta, sl2, bl2, dk, dv, a, dpsi, dbeta, PREC)
+            else:
+                tl.store(CPART + (bh * nB + J) * Tp + I * BS + tl.arange(0, BS), tl.zeros([BS], tl.float32))
         else:
             dk, dv, a, dpsi, dbeta = _dkdv_tile(
-                k, v, Q, DO, LSE, DELTA, PRE, ZPRE, KAPPA, b, h, bh, J, I, nB, fbase, T,
+                k, v, Q, DO, LSE, DELTA, PRE, ZPRE, KAPPA, CPART, b, h, bh, J, I, nB, fbase, Tp, T,
                 s_qb, s_qt, s_qh, s_ob, s_ot, s_oh, offs_d, BS,
                 suf, zsuf, psi, mid, zmid, beta, sl2, bl2, dk, dv, a, dpsi, dbeta, PREC)
         bm = tl.load(BMIN + bh * nB + I)
@@ -405,7 +393,7 @@ def _fpa_bwd_dkdv_kernel(
 # ---------------------------------------------------------------------------------------------
 @triton.jit
 def _fpa_mid_kernel(
-    KAPPA, CMIN, BMIN, PHIP, DPHI_M,
+    KAPPA, CMIN, BMIN, PHIP, PRE, CPART, DPHI_M,
     Tp, nB,
     BS: tl.constexpr, CB: tl.constexpr,
 ):
@@ -425,4 +413,12 @@ def _fpa_mid_kernel(
     y = tl.sum(tl.sum(acc, axis=1), axis=0)
     offs = Kb * BS + tl.arange(0, BS)
     phi = tl.load(PHIP + bh * Tp + offs)
-    tl.store(DPHI_M + bh * Tp + offs, y * tl.exp(bmin_k - phi))
+    # query-prefix sums of this block, c_t = sum over key blocks J < K (fixed order: deterministic)
+    c = tl.zeros([BS], tl.float32)
+    for J in range(0, Kb):
+        c += tl.load(CPART + (bh * nB + J) * Tp + offs)
+    pre = tl.load(PRE + bh * Tp + offs)
+    idx = tl.arange(0, BS)
+    # scatter c: dphi_u += sum_{t >= u in K} c_t exp(pre(t) - phi_u); tile [u, t]
+    w = tl.where(idx[None, :] >= idx[:, None], c[None, :] * tl.exp(tl.minimum(pre[None, :] - phi[:, None], 0.0)), 0.0)
+    tl.store(DPHI_M + bh * Tp + offs, y * tl.exp(bmin_k - phi) + tl.sum(w, axis=1))

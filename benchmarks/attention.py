@@ -1,0 +1,150 @@
+"""Attention kernel benchmark (GPU): forward and forward+backward median times.
+
+    PYTHONPATH=. python benchmarks/attention.py [--shapes 8x2048,4x4096,2x8192,1x16384] [--H 12] [--D 64]
+
+Methods: sdpa-flash, sdpa-cudnn (torch.nn.attention.sdpa_kernel), fox (FlexAttention), fpa (fused,
+no skipping), fpa-skip10 (skip_threshold=-10), and if importable the lead's selective and dcp ops.
+Inputs are fresh random non-zero tensors, bf16; FPA uses realistic walks: increments δ with a
+negative mean (−0.02 per token) and noise (0.3), φ = W + g, ψ = W + h, β = 1, so most old keys are
+dead, as in a trained model. Every time is also printed as a ratio to sdpa-flash from the same run.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+
+import torch
+import torch.nn.functional as F
+import triton
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+
+def bench(fn, *, warmup=25, rep=100):
+    return triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
+
+
+def walks(B, T, H, device, *, drift=-0.02, noise=0.3, offset=0.5):
+    W = (drift + noise * torch.randn(B, T, H, device=device)).cumsum(1)
+    phi = W + offset * torch.randn(B, T, H, device=device)
+    psi = W + offset * torch.randn(B, T, H, device=device)
+    return phi.float(), psi.float()
+
+
+def make_methods(B, T, H, D, device):
+    dt = torch.bfloat16
+
+    def qkv():
+        return [torch.randn(B, T, H, D, device=device, dtype=dt).requires_grad_() for _ in range(3)]
+
+    methods = {}
+
+    def sdpa(backend):
+        q, k, v = qkv()
+
+        def f():
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(
+                    q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+                ).transpose(1, 2)
+
+        return f, (q, k, v)
+
+    methods["sdpa-flash"] = lambda: sdpa(SDPBackend.FLASH_ATTENTION)
+    methods["sdpa-cudnn"] = lambda: sdpa(SDPBackend.CUDNN_ATTENTION)
+
+    def fox():
+        from fpa_lightning.ops.fox_flex import fox_flex_attention
+
+        q, k, v = qkv()
+        c = F.logsigmoid(3.0 + torch.randn(B, T, H, device=device)).cumsum(1).requires_grad_()
+        return (lambda: fox_flex_attention(q, k, v, c)), (q, k, v, c)
+
+    methods["fox-flex"] = fox
+
+    def fpa(thr):
+        from fpa_lightning.ops.fpa.fused import fpa_attention
+
+        q, k, v = qkv()
+        phi, psi = walks(B, T, H, device)
+        phi.requires_grad_()
+        psi.requires_grad_()
+        beta = torch.ones(H, device=device, requires_grad=True)
+        return (lambda: fpa_attention(q, k, v, phi, psi, beta, skip_threshold=thr)), (q, k, v, phi, psi, beta)
+
+    methods["fpa"] = lambda: fpa(None)
+    methods["fpa-skip10"] = lambda: fpa(-10.0)
+
+    try:
+        from fpa_lightning.ops.selective import selective_attention_gpu  # noqa: F401
+
+        def sel():
+            q, k, v = qkv()
+            return (lambda: selective_attention_gpu(q, k, v)), (q, k, v)
+
+        methods["selective"] = sel
+    except Exception as e:  # the lead's op may not exist yet
+        print(f"note: selective_attention_gpu not benchmarked ({type(e).__name__}: {e})")
+    try:
+        from fpa_lightning.ops.dcp import dcp_attention_gpu  # noqa: F401
+
+        def dcp():
+            q, k, v = qkv()
+            return (lambda: dcp_attention_gpu(q, k, v)), (q, k, v)
+
+        methods["dcp"] = dcp
+    except Exception as e:
+        print(f"note: dcp_attention_gpu not benchmarked ({type(e).__name__}: {e})")
+    return methods
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default="8x2048,4x4096,2x8192,1x16384")
+    ap.add_argument("--H", type=int, default=12)
+    ap.add_argument("--D", type=int, default=64)
+    ap.add_argument("--methods", default="")
+    args = ap.parse_args()
+    device = "cuda"
+    print(f"GPU {torch.cuda.get_device_name()} | torch {torch.__version__} | triton {triton.__version__} | "
+          f"{datetime.datetime.now().isoformat(timespec='seconds')}")
+    rows = []
+    for shp in args.shapes.split(","):
+        B, T = map(int, shp.split("x"))
+        H, D = args.H, args.D
+        methods = make_methods(B, T, H, D, device)
+        if args.methods:
+            methods = {k: v for k, v in methods.items() if k in args.methods.split(",") or k == "sdpa-flash"}
+        res = {}
+        for name, mk in methods.items():
+            try:
+                f, leaves = mk()
+                do = torch.randn(B, T, H, D, device=device, dtype=torch.bfloat16)
+
+                def fwd():
+                    with torch.no_grad():
+                        f()
+
+                def fwdbwd():
+                    for t in leaves:
+                        t.grad = None
+                    f().backward(do)
+
+                fwdbwd()  # compile / autotune outside the timing
+                torch.cuda.synchronize()
+                res[name] = (bench(fwd), bench(fwdbwd))
+            except Exception as e:
+                print(f"  {B}x{T} {name}: FAILED {type(e).__name__}: {str(e)[:200]}")
+            torch.cuda.empty_cache()
+        base = res.get("sdpa-flash", (math.nan, math.nan))
+        for name, (tf, tb) in res.items():
+            print(f"  {B}x{T} {name:12s} fwd {tf:8.3f} ms ({tf / base[0]:5.2f}x)   fwd+bwd {tb:8.3f} ms ({tb / base[1]:5.2f}x)", flush=True)
+            rows.append((f"{B}x{T}", name, tf, tf / base[0], tb, tb / base[1]))
+    print("\n| shape B×T | method | fwd ms | fwd / flash | fwd+bwd ms | fwd+bwd / flash |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r[0]} | {r[1]} | {r[2]:.3f} | {r[3]:.2f} | {r[4]:.3f} | {r[5]:.2f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,100 @@
+"""Whole-model training throughput on a GPU: tokens/s of the 110M configs, measured in one run.
+
+Each model trains for --steps optimizer steps in bf16-mixed on the offline corpus (the quickstart's text) with the
+real LanguageModel and TextDataModule under a Lightning Trainer; tokens/s is counted over the steps after
+--warmup (compilation, autotuning and allocator growth stay out), with CUDA synchronised at both ends.
+
+    python benchmarks/train_throughput.py --configs fpa fox sdpa --steps 300 --batch-size 16
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import time
+
+import lightning as L
+import torch
+
+from datamodules import TextDataModule
+from fpa_lightning import AttentionConfig, ModelConfig
+from modules.language_model import LanguageModel, OptimConfig
+
+
+class StepTimer(L.Callback):
+    """Wall time between the end of step `warmup` and the end of the last step, CUDA synchronised."""
+
+    def __init__(self, warmup: int):
+        self.warmup, self.start, self.end, self.timed_steps = warmup, None, None, 0
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        step = trainer.global_step
+        if step < self.warmup:
+            return
+        torch.cuda.synchronize()
+        if self.start is None:
+            self.start = time.perf_counter()
+        else:
+            self.end, self.timed_steps = time.perf_counter(), self.timed_steps + 1
+
+
+def measure(backend: str, args) -> dict:
+    model_cfg = ModelConfig(attention=AttentionConfig(backend=backend, skip_threshold=args.skip if backend == "fpa" else None))
+    module = LanguageModel(model=model_cfg, optim=OptimConfig(warmup_steps=50))
+    data = TextDataModule(source="offline", seq_len=2048, batch_size=args.batch_size, num_workers=args.workers)
+    timer = StepTimer(args.warmup)
+    trainer = L.Trainer(
+        accelerator="gpu", devices=1, precision="bf16-mixed", max_steps=args.steps, gradient_clip_val=1.0,
+        logger=False, enable_checkpointing=False, enable_progress_bar=False, limit_val_batches=0,
+        callbacks=[timer], enable_model_summary=False,
+    )
+    trainer.fit(module, datamodule=data)
+    tokens = timer.timed_steps * args.batch_size * 2048
+    seconds = timer.end - timer.start
+    return {
+        "backend": backend,
+        "impls": sorted(set(module.model.attention_impls("cuda"))),
+        "params_M": round(module.model.num_parameters() / 1e6, 2),
+        "timed_steps": timer.timed_steps,
+        "tokens_per_s": tokens / seconds,
+        "final_train_loss": float(trainer.callback_metrics.get("train/loss", float("nan"))),
+        "peak_mem_GiB": torch.cuda.max_memory_allocated() / 2**30,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--configs", nargs="+", default=["fpa", "fox", "sdpa"])
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--warmup", type=int, default=30)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--skip", type=float, default=None, help="FPA dead-block skip threshold (None = exact)")
+    parser.add_argument("--json", default=None, help="write the results here")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("train_throughput.py measures GPU training: no CUDA device is available")
+    torch.backends.cuda.matmul.allow_tf32 = True
+    results = []
+    for backend in args.configs:
+        torch.cuda.reset_peak_memory_stats()
+        results.append(measure(backend, args))
+        print(json.dumps(results[-1]), flush=True)
+    by_name = {r["backend"]: r["tokens_per_s"] for r in results}
+    print(f"\n{torch.cuda.get_device_name()} | torch {torch.__version__} | lightning {L.__version__} | "
+          f"python {platform.python_version()} | {datetime.date.today()} | B={args.batch_size}x2048, "
+          f"{args.steps} steps, timed after {args.warmup}")
+    print("| model | impl | tokens/s | vs sdpa | vs fox | peak GiB | loss at end |")
+    print("|---|---|---|---|---|---|---|")
+    for r in results:
+        rel = lambda ref: f"{r['tokens_per_s'] / by_name[ref]:.3f}x" if ref in by_name else "-"
+        print(f"| {r['backend']}_110m | {','.join(r['impls'])} | {r['tokens_per_s']:,.0f} | {rel('sdpa')} | "
+              f"{rel('fox')} | {r['peak_mem_GiB']:.1f} | {r['final_train_loss']:.3f} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"results": results, "args": vars(args)}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

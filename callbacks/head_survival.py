@@ -1,0 +1,244 @@
+"""HeadSurvivalCallback: which keys each attention head keeps alive, logged to TensorBoard under heads/.
+
+Statistics (definitions in callbacks/head_stats.py) come from `Decoder.probe` on a fixed held-out batch: no grad,
+float32, autocast off, never from the training forward. Every backend with a bias is measured from its own bias
+(FPA, FoX, ALiBi per head; Selective Attention and DCP are layer-shared, so every head of such a layer gets the
+layer's value). Layers without a bias are skipped.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.utilities import rank_zero_info
+
+from callbacks.dashboard import WALK_KINDS, layer_tag, new_figure, tensorboard_writer, write_layout_once
+from callbacks.head_stats import (
+    LayerSurvival,
+    bias_row_blocks,
+    count_nonsuffix_heads,
+    layer_survival,
+    pooled_boundary_ratio,
+    walk_steps,
+)
+
+
+@dataclass
+class HeadReport:
+    """What one measurement found, per layer with a bias (per-head tensors are (n_head,))."""
+
+    query_start: int
+    layers: dict[int, LayerSurvival]
+    beta: dict[int, torch.Tensor] = field(default_factory=dict)  # FPA layers only
+    walk: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)  # FPA layers only
+    nonsuffix_at_least: float = 0.10
+
+    def alive_fractions(self) -> torch.Tensor:
+        """(n_layers_with_bias, n_head) alive fractions."""
+        return torch.stack([s.alive_fraction for s in self.layers.values()])
+
+    def nonsuffix_fractions(self) -> torch.Tensor:
+        return torch.stack([s.nonsuffix_fraction for s in self.layers.values()])
+
+    def summary(self) -> dict[str, float]:
+        alive = self.alive_fractions()
+        return {
+            "median_alive_fraction": float(alive.flatten().quantile(0.5)),
+            "nonsuffix_heads": count_nonsuffix_heads(self.nonsuffix_fractions(), self.nonsuffix_at_least),
+            "heads_with_bias": alive.numel(),
+            "boundary_ratio": pooled_boundary_ratio(self.layers.values()),
+        }
+
+
+def effective_query_start(query_start: int, seq_len: int) -> int:
+    """query_start, or seq_len // 2 when the probe sequence does not reach past it (short-context runs)."""
+    return query_start if query_start < seq_len else seq_len // 2
+
+
+@torch.no_grad()
+def measure_heads(
+    model,
+    input_ids: torch.Tensor,
+    segment_ids: torch.Tensor,
+    query_start: int = 1024,
+    threshold: float = -1.0,
+    nonsuffix_at_least: float = 0.10,
+    block_size: int = 256,
+) -> HeadReport:
+    """Head statistics of `model` (a Decoder) on input_ids, segment_ids (B, T); query_start must be < T."""
+    n_head = model.cfg.n_head
+    report = HeadReport(query_start, {}, nonsuffix_at_least=nonsuffix_at_least)
+    with torch.autocast(input_ids.device.type, enabled=False):  # bias math in float32 under mixed precision
+        for layer, probe in enumerate(model.probe(input_ids)):
+            if probe.backend == "none":
+                continue
+            stats = layer_survival(bias_row_blocks(probe, block_size), segment_ids, query_start, threshold)
+            report.layers[layer] = _per_head(stats, n_head)
+            if probe.backend == "fpa":
+                report.beta[layer] = probe.ingredients["beta"].double().cpu()
+                report.walk[layer] = {k: v.cpu() for k, v in walk_steps(probe.ingredients["phi"], probe.ingredients["psi"]).items()}
+    if not report.layers:
+        raise ValueError("the model has no attention layer with a bias; there is nothing to measure")
+    return report
+
+
+def _per_head(stats: LayerSurvival, n_head: int) -> LayerSurvival:
+    """A layer-shared bias (1 head) applies to every head: repeat its per-head tensors to n_head."""
+    if stats.alive_fraction.numel() == n_head:
+        return stats
+    fields = {k: (v.expand(n_head).clone() if isinstance(v, torch.Tensor) else v) for k, v in vars(stats).items()}
+    return LayerSurvival(**fields)
+
+
+class HeadSurvivalCallback(Callback):
+    """Logs alive fractions, non-suffix fractions, boundary death ratios, β and FPA walk steps under heads/.
+
+    Args:
+        every_n_steps: measure every this many optimizer steps (and at every validation end).
+        probe_rows, probe_seq_len: shape of the held-out batch taken from `trainer.datamodule.probe_batch`
+            (seq_len defaults to the model's max_seq_len).
+        batch: an explicit probe batch (dict with input_ids and segment_ids, (B, T)) instead of the datamodule's.
+        query_start: statistics over queries t ≥ query_start (the paper: past 1024); clamped to T // 2 when the
+            probe is not longer than that (logged once).
+        alive_threshold: a key is alive for a query when its bias is ≥ this value (≤ 0).
+        nonsuffix_at_least: a head counts as non-suffix when at least this fraction of its alive set is not a suffix.
+        block_size: query rows per bias block (memory is O(B·H·block_size·T) per layer).
+        example_window: side of the example bias/alive matrix image (first positions of probe row 0).
+        log_images: also log the layer × head heat map and the example matrix.
+    """
+
+    def __init__(
+        self,
+        every_n_steps: int = 500,
+        probe_rows: int = 2,
+        probe_seq_len: int | None = None,
+        batch: dict | None = None,
+        query_start: int = 1024,
+        alive_threshold: float = -1.0,
+        nonsuffix_at_least: float = 0.10,
+        block_size: int = 256,
+        example_window: int = 256,
+        log_images: bool = True,
+    ):
+        if every_n_steps < 1:
+            raise ValueError(f"every_n_steps must be positive, got {every_n_steps}")
+        if alive_threshold > 0:
+            raise ValueError(f"alive_threshold must be ≤ 0 (a query's own key, bias 0, is alive), got {alive_threshold}")
+        self.every_n_steps = every_n_steps
+        self.probe_rows, self.probe_seq_len = probe_rows, probe_seq_len
+        self.query_start, self.alive_threshold = query_start, alive_threshold
+        self.nonsuffix_at_least, self.block_size = nonsuffix_at_least, block_size
+        self.example_window, self.log_images = example_window, log_images
+        self._batch = batch
+        self._last_step: int | None = None
+        self.latest: HeadReport | None = None  # the last measurement, for programmatic use
+
+    # --- Lightning hooks ----------------------------------------------------------------------------
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
+        if trainer.global_step > 0 and trainer.global_step % self.every_n_steps == 0:
+            self._measure_and_log(trainer, pl_module)
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if not trainer.sanity_checking:
+            self._measure_and_log(trainer, pl_module)
+
+    # --- work ---------------------------------------------------------------------------------------
+    def _measure_and_log(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # once per optimizer step: gradient accumulation repeats the step, validation may land on a measured step
+        if self._last_step == trainer.global_step or not trainer.is_global_zero:
+            return
+        self._last_step = trainer.global_step
+        writer = tensorboard_writer(trainer, type(self).__name__)
+        if writer is None:
+            return
+        model = pl_module.model
+        batch = self._probe_batch(trainer, model)
+        input_ids = batch["input_ids"].to(pl_module.device)
+        seq_len = input_ids.shape[1]
+        query_start = effective_query_start(self.query_start, seq_len)
+        if query_start != self.query_start and self.latest is None:
+            rank_zero_info(f"HeadSurvivalCallback: probe length {seq_len} ≤ query_start={self.query_start}; "
+                           f"statistics use queries past {query_start} instead")
+        self.latest = measure_heads(model, input_ids, batch["segment_ids"].to(pl_module.device), query_start,
+                                    self.alive_threshold, self.nonsuffix_at_least, self.block_size)
+        write_layout_once(writer, model.cfg.n_layer)
+        self._log(writer, self.latest, trainer.global_step)
+        if self.log_images:
+            self._log_images(writer, model, input_ids, self.latest, trainer.global_step)
+
+    def _probe_batch(self, trainer: Trainer, model) -> dict:
+        """The explicit batch, else the datamodule's fixed probe batch (fetched once: it is deterministic)."""
+        if self._batch is None:
+            datamodule = getattr(trainer, "datamodule", None)
+            if datamodule is None or not hasattr(datamodule, "probe_batch"):
+                raise RuntimeError(
+                    "HeadSurvivalCallback needs a probe batch: pass batch={'input_ids': ..., 'segment_ids': ...} "
+                    "or train with a datamodule that has probe_batch(n_rows, seq_len)"
+                )
+            self._batch = datamodule.probe_batch(self.probe_rows, self.probe_seq_len or model.cfg.max_seq_len)
+        return self._batch
+
+    @staticmethod
+    def _log(writer, report: HeadReport, step: int) -> None:
+        for layer, stats in report.layers.items():
+            per_head = {"alive_fraction": stats.alive_fraction, "nonsuffix_fraction": stats.nonsuffix_fraction,
+                        "boundary_ratio": stats.boundary_ratio}
+            if layer in report.beta:
+                per_head["beta"] = report.beta[layer]
+            per_head.update({f"walk/{k}": report.walk[layer][k] for k in WALK_KINDS if layer in report.walk})
+            for kind, values in per_head.items():
+                for head, value in enumerate(values.tolist()):
+                    if value == value:  # NaN (an undefined ratio) is left out rather than plotted
+                        writer.add_scalar(layer_tag(kind, layer, head), value, step)
+        for name, value in report.summary().items():
+            if value == value:
+                writer.add_scalar(f"heads/summary/{name}", value, step)
+        writer.add_histogram("heads/hist/alive_fraction", report.alive_fractions().flatten(), step)
+        writer.add_histogram("heads/hist/nonsuffix_fraction", report.nonsuffix_fractions().flatten(), step)
+
+    def _log_images(self, writer, model, input_ids: torch.Tensor, report: HeadReport, step: int) -> None:
+        writer.add_figure("heads/image/alive_fraction_map", _heat_map(report), step)
+        layer, head = _median_head(report)
+        window = min(self.example_window, input_ids.shape[1])
+        with torch.no_grad(), torch.autocast(input_ids.device.type, enabled=False):
+            full = model.probe(input_ids[:1, :window])[layer].bias()  # (1, H or 1, window, window)
+        bias = full[0, min(head, full.shape[1] - 1)].float().cpu()  # a layer-shared bias has one head
+        writer.add_figure("heads/image/example_bias", _example_figure(bias, layer, head, self.alive_threshold), step)
+
+
+def _median_head(report: HeadReport) -> tuple[int, int]:
+    """(layer, head) of the head whose alive fraction is closest to the median: the "typical" head."""
+    alive = report.alive_fractions()  # (n_layers_with_bias, H)
+    flat = (alive.flatten() - alive.flatten().quantile(0.5)).abs().argmin().item()
+    return list(report.layers)[flat // alive.shape[1]], flat % alive.shape[1]
+
+
+def _heat_map(report: HeadReport):
+    alive = report.alive_fractions().numpy()
+    fig = new_figure(1.0 + 0.4 * alive.shape[1], 1.0 + 0.4 * alive.shape[0])
+    ax = fig.add_subplot()
+    im = ax.imshow(alive, vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    ax.set_yticks(range(alive.shape[0]), [str(l) for l in report.layers])
+    ax.set_title(f"alive fraction (queries ≥ {report.query_start})")
+    fig.colorbar(im, ax=ax)
+    fig.tight_layout()
+    return fig
+
+
+def _example_figure(bias: torch.Tensor, layer: int, head: int, threshold: float):
+    """Bias (clipped to [−10, 0]) and alive mask of one head, queries down, keys across."""
+    fig = new_figure(9.0, 4.2)
+    left, right = fig.subplots(1, 2)
+    im = left.imshow(bias.clamp(min=-10.0).numpy(), vmin=-10.0, vmax=0.0, cmap="magma", interpolation="nearest")
+    left.set_title(f"bias, layer {layer} head {head}")
+    fig.colorbar(im, ax=left)
+    right.imshow((bias >= threshold).numpy(), cmap="gray", interpolation="nearest")
+    right.set_title(f"alive (bias ≥ {threshold:g})")
+    for ax in (left, right):
+        ax.set_xlabel("key s")
+        ax.set_ylabel("query t")
+    fig.tight_layout()
+    return fig

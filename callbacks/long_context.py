@@ -1,0 +1,130 @@
+"""LongContextLossCallback: next-token loss by position on long held-out documents, logged under long_context/.
+
+Each document (1-D token ids, truncated to window + 1 tokens) gives inputs ids[:-1] and labels ids[1:]; the loss
+at position i is the loss of predicting token i + 1 from tokens 0..i. Positions are grouped into buckets
+[k·bucket_size, (k+1)·bucket_size); a bucket's loss is the mean over every (document, position) in it, so later
+buckets average over the documents long enough to reach them. The window is context_multiple × the training
+context (2048 → 16,384 with the default 8), which shows whether the loss stays flat past the training length.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+
+from callbacks.dashboard import new_figure, tensorboard_writer, write_layout_once
+
+
+@torch.no_grad()
+def loss_by_position(model, documents: Iterable[torch.Tensor], window: int, bucket_size: int,
+                     chunk: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss sums, token counts), each (ceil(window / bucket_size),) float64, over documents of ≥ 2 tokens.
+
+    Uses `model.token_losses`, the memory-efficient path (vocabulary projection in chunks), in float32.
+    """
+    n_buckets = -(-window // bucket_size)
+    sums = torch.zeros(n_buckets, dtype=torch.float64)
+    counts = torch.zeros(n_buckets, dtype=torch.float64)
+    device = next(model.parameters()).device
+    for doc in documents:
+        ids = doc[: window + 1].to(device)[None]  # (1, L + 1)
+        if ids.shape[1] < 2:
+            continue
+        with torch.autocast(device.type, enabled=False):
+            losses = model.token_losses(ids[:, :-1], ids[:, 1:], chunk=chunk)[0].double().cpu()  # (L,)
+        bucket = torch.arange(losses.shape[0]) // bucket_size  # (L,)
+        sums.index_add_(0, bucket, losses)
+        counts.index_add_(0, bucket, torch.ones_like(losses))
+    return sums, counts
+
+
+class LongContextLossCallback(Callback):
+    """At each validation end, logs the loss per position bucket up to context_multiple × the training context.
+
+    Args:
+        context_multiple: the window is this many training contexts long.
+        train_context: the training context length (default: the model's max_seq_len).
+        bucket_size: positions per bucket (default: train_context // 2).
+        n_documents: how many documents to evaluate (fetched once, then reused at every validation).
+        split: the datamodule split to read documents from (`trainer.datamodule.long_documents`).
+        min_tokens: skip shorter documents (default: train_context + 1, so every document reaches past training).
+        documents: explicit documents (1-D LongTensors) instead of the datamodule's.
+        chunk: positions per vocabulary-projection chunk in `token_losses`.
+        log_image: also log the loss-versus-position plot.
+    """
+
+    def __init__(
+        self,
+        context_multiple: int = 8,
+        train_context: int | None = None,
+        bucket_size: int | None = None,
+        n_documents: int = 8,
+        split: str = "validation",
+        min_tokens: int | None = None,
+        documents: Iterable[torch.Tensor] | None = None,
+        chunk: int = 1024,
+        log_image: bool = True,
+    ):
+        if context_multiple < 1:
+            raise ValueError(f"context_multiple must be ≥ 1, got {context_multiple}")
+        self.context_multiple, self.train_context, self.bucket_size = context_multiple, train_context, bucket_size
+        self.n_documents, self.split, self.min_tokens = n_documents, split, min_tokens
+        self.chunk, self.log_image = chunk, log_image
+        self._documents = None if documents is None else list(documents)
+        self.latest: dict[int, float] | None = None  # bucket start -> mean loss, from the last validation
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.sanity_checking or not trainer.is_global_zero:
+            return
+        writer = tensorboard_writer(trainer, type(self).__name__)
+        if writer is None:
+            return
+        model = pl_module.model
+        context = self.train_context or model.cfg.max_seq_len
+        window, bucket = context * self.context_multiple, self.bucket_size or max(1, context // 2)
+        sums, counts = loss_by_position(model, self._load_documents(trainer, context, window), window, bucket,
+                                        self.chunk)
+        self.latest = {k * bucket: float(sums[k] / counts[k]) for k in range(len(sums)) if counts[k] > 0}
+        write_layout_once(writer, model.cfg.n_layer)
+        step = trainer.global_step
+        width = len(str(window))  # zero-padded starts sort the chart legend by position
+        for start, loss in self.latest.items():
+            writer.add_scalar(f"long_context/loss/pos_{start:0{width}d}", loss, step)
+        for name, in_bucket in (("within_context", lambda s: s < context), ("beyond_context", lambda s: s >= context)):
+            picked = [k for k in range(len(sums)) if counts[k] > 0 and in_bucket(k * bucket)]
+            if picked:
+                writer.add_scalar(f"long_context/summary/{name}", float(sums[picked].sum() / counts[picked].sum()), step)
+        if self.log_image and self.latest:
+            writer.add_figure("long_context/image/loss_vs_position", _plot(self.latest, bucket, context, step), step)
+
+    def _load_documents(self, trainer: Trainer, context: int, window: int) -> list[torch.Tensor]:
+        """The explicit documents, else the datamodule's (fetched once: the same documents at every validation)."""
+        if self._documents is None:
+            datamodule = getattr(trainer, "datamodule", None)
+            if datamodule is None or not hasattr(datamodule, "long_documents"):
+                raise RuntimeError(
+                    "LongContextLossCallback needs documents: pass documents=[LongTensor, ...] or train with a "
+                    "datamodule that has long_documents(split, max_tokens, min_tokens, limit)"
+                )
+            min_tokens = self.min_tokens if self.min_tokens is not None else context + 1
+            self._documents = list(datamodule.long_documents(split=self.split, max_tokens=window + 1,
+                                                             min_tokens=min_tokens, limit=self.n_documents))
+            if not self._documents:
+                raise RuntimeError(f"LongContextLossCallback: split {self.split!r} has no document of ≥ {min_tokens} "
+                                   "tokens; lower min_tokens")
+        return self._documents
+
+
+def _plot(losses: dict[int, float], bucket: int, context: int, step: int):
+    fig = new_figure(6.0, 3.5)
+    ax = fig.add_subplot()
+    centres = [start + bucket / 2 for start in losses]
+    ax.plot(centres, list(losses.values()), marker="o")
+    ax.axvline(context, color="gray", linestyle="--", label=f"training context {context}")
+    ax.set_xlabel("position in document")
+    ax.set_ylabel("loss (nats)")
+    ax.set_title(f"loss by position, step {step}")
+    ax.legend()
+    fig.tight_layout()
+    return fig

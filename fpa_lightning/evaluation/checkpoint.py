@@ -1,0 +1,89 @@
+"""Loading a trained Decoder from a Lightning checkpoint for evaluation.
+
+The project's LightningModule (``modules.language_model.LanguageModel``) stores its hyper-parameters as
+plain dicts (``model`` = ``asdict(ModelConfig)``) and the Decoder as its ``model`` attribute, so the
+checkpoint's ``state_dict`` holds the Decoder's weights under the prefix ``model.``. We rebuild the Decoder
+from those two entries directly: evaluation needs no optimiser, no training hooks and no module class,
+and works the same for any LightningModule that follows the contract.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from fpa_lightning.config import ModelConfig
+from fpa_lightning.model import Decoder
+
+PREFIX = "model."
+
+
+class CheckpointError(ValueError):
+    """The checkpoint is missing, unreadable, or not a Decoder checkpoint of this project."""
+
+
+@dataclass
+class LoadedModel:
+    path: str
+    decoder: Decoder
+    global_step: int | None
+
+    @property
+    def backend(self) -> str:
+        return self.decoder.cfg.attention.backend
+
+    def describe(self, device: torch.device) -> dict:
+        """What the JSON result records about this checkpoint."""
+        attention = self.decoder.cfg.attention
+        return {
+            "path": os.path.abspath(self.path),
+            "backend": attention.backend,
+            "positional": attention.positional,
+            "impl_requested": attention.impl,
+            "impl_per_layer": self.decoder.attention_impls(device),
+            "global_step": self.global_step,
+            "parameters": self.decoder.num_parameters(),
+            "max_seq_len": self.decoder.cfg.max_seq_len,
+        }
+
+
+def load_decoder(path: str, device: torch.device, impl: str | None = None) -> LoadedModel:
+    """The Decoder of a checkpoint, in eval mode on ``device``; ``impl`` overrides the attention implementation
+    (e.g. ``chunked`` to run a GPU-trained checkpoint on a CPU). Raises CheckpointError with the reason."""
+    if not os.path.isfile(path):
+        raise CheckpointError(f"checkpoint {path!r} does not exist")
+    try:
+        # weights_only: a checkpoint holds tensors and plain containers; nothing in it needs unpickling code
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises several types for a corrupt / foreign file
+        raise CheckpointError(f"cannot read checkpoint {path!r}: {type(err).__name__}: {err}") from err
+    model_hparams = _model_hparams(ckpt, path)
+    if impl is not None:
+        model_hparams = {**model_hparams, "attention": {**dict(model_hparams.get("attention") or {}), "impl": impl}}
+    try:
+        cfg = ModelConfig(**model_hparams)
+    except (TypeError, ValueError) as err:
+        raise CheckpointError(f"checkpoint {path!r}: invalid model hyper-parameters: {err}") from err
+    decoder = Decoder(cfg)
+    weights = {k[len(PREFIX):]: v for k, v in ckpt["state_dict"].items() if k.startswith(PREFIX)}
+    missing, unexpected = decoder.load_state_dict(weights, strict=False)
+    # tied embeddings store lm_head.weight too (same tensor); any other mismatch means a different model
+    if missing or unexpected:
+        raise CheckpointError(f"checkpoint {path!r} does not match its ModelConfig: missing {missing}, "
+                              f"unexpected {unexpected}")
+    decoder.attention_impls(device)  # raises now (not mid-task) when the implementation cannot run there
+    return LoadedModel(path, decoder.to(device).eval(), ckpt.get("global_step"))
+
+
+def _model_hparams(ckpt: object, path: str) -> dict:
+    if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
+        raise CheckpointError(f"{path!r} is not a Lightning checkpoint (no 'state_dict')")
+    hparams = ckpt.get("hyper_parameters") or {}
+    model = hparams.get("model")
+    if not isinstance(model, dict):
+        raise CheckpointError(
+            f"checkpoint {path!r} has no 'model' hyper-parameters dict (asdict(ModelConfig)); "
+            f"found hyper-parameters {sorted(hparams)}"
+        )
+    return dict(model)

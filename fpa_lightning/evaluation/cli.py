@@ -1,0 +1,179 @@
+"""Command line of ``eval.py``: parse, check, load the checkpoint(s), run one task, write its outputs."""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+
+import torch
+
+from fpa_lightning.config import IMPLS
+from fpa_lightning.evaluation import data as eval_data
+from fpa_lightning.evaluation import tasks
+from fpa_lightning.evaluation.checkpoint import CheckpointError, load_decoder
+from fpa_lightning.evaluation.report import write_outputs
+from fpa_lightning.evaluation.scoring import Runtime, check_edges, power_of_two_edges
+
+TASKS = {
+    "pg19_long": "per-token loss by position bucket on long test books, bootstrap CIs over books",
+    "passkey": "greedy pass-key retrieval per prompt length, exact binomial CIs, McNemar test with --compare",
+    "test_loss": "mean loss on packed test sequences, bootstrap CI; --compare: paired difference, non-inferiority",
+    "cache_prune": "loss increase and kept fraction when keys whose bias fell below a threshold are dropped",
+}
+# options that only some tasks read; giving one to another task is an error rather than silently ignored
+TASK_OPTIONS = {
+    "lengths": {"passkey", "cache_prune"},
+    "trials": {"passkey", "cache_prune"},
+    "max_len": {"pg19_long"},
+    "buckets": {"pg19_long"},
+    "min_tokens": {"pg19_long"},
+    "seq_len": {"test_loss"},
+    "batch_size": {"test_loss"},
+    "margin": {"test_loss"},
+    "thresholds": {"cache_prune"},
+    "window": {"cache_prune"},
+    "passkey_lengths": {"cache_prune"},
+    "max_docs": {"pg19_long", "test_loss", "cache_prune"},
+    "data": {"pg19_long", "test_loss", "cache_prune"},
+}
+DEFAULT_LENGTHS = {"passkey": [3072, 4096, 8192, 16384], "cache_prune": [2048, 8192]}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="eval.py",
+        description="Evaluate a trained checkpoint (optionally paired against a second one).\n\ntasks:\n"
+        + "\n".join(f"  {name:12s} {doc}" for name, doc in TASKS.items()),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--task", required=True, choices=sorted(TASKS), help="which evaluation to run")
+    p.add_argument("--ckpt", required=True, help="Lightning checkpoint of model A")
+    p.add_argument("--compare", metavar="CKPT_B", help="checkpoint of model B: same items, paired differences A − B")
+    p.add_argument("--data", help="local data: folder (PG-19 / SlimPajama layout), file or glob of "
+                   ".jsonl/.jsonl.gz/.jsonl.zst/.parquet with a 'text' field (default: the offline corpus's test split)")
+    p.add_argument("--out", help="output folder for the JSON and PNGs (default: eval_results/<task>-<ckpt name>)")
+    p.add_argument("--tensorboard", metavar="LOGDIR", help="also log scalars and figures to TensorBoard here")
+    p.add_argument("--impl", choices=IMPLS, help="override the attention implementation (e.g. chunked on a CPU "
+                   "for a GPU-trained checkpoint); cache_prune always runs chunked")
+    p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
+    p.add_argument("--precision", choices=("32", "bf16"), default="32", help="bf16 = autocast; losses stay float32")
+    p.add_argument("--seed", type=int, default=0, help="seed of pass-key prompts and bootstrap resampling")
+    p.add_argument("--n-boot", type=int, default=10_000, help="bootstrap resamples")
+    p.add_argument("--confidence", type=float, default=0.95, help="interval confidence level")
+    p.add_argument("--max-docs", type=int, help="at most this many documents / sequences")
+    p.add_argument("--trials", type=int, help="pass-key trials per length (default 100)")
+    p.add_argument("--lengths", type=int, nargs="+", help="passkey: prompt lengths (default 3072 4096 8192 16384); "
+                   "cache_prune: evaluation lengths (default 2048 8192)")
+    p.add_argument("--max-len", type=int, help="pg19_long: tokens scored per book (default 16384)")
+    p.add_argument("--buckets", type=int, nargs="+", help="pg19_long: position bucket edges (default: 0 and "
+                   "powers of two from ~max_len/64 up to max_len)")
+    p.add_argument("--min-tokens", type=int, help="pg19_long: skip books shorter than this (default max_len + 1, "
+                   "so every book covers every bucket)")
+    p.add_argument("--seq-len", type=int, help="test_loss: sequence length (default: the model's training context)")
+    p.add_argument("--batch-size", type=int, help="test_loss: sequences per forward pass (default 4)")
+    p.add_argument("--margin", type=float, help="test_loss --compare: non-inferiority margin in nats (default 0.00995)")
+    p.add_argument("--thresholds", type=float, nargs="+", help="cache_prune: bias thresholds, the first one also "
+                   "for the pass keys (default -10 -20 -5 -2 -1)")
+    p.add_argument("--window", type=int, help="cache_prune: sliding window for a checkpoint without a bias "
+                   "(default: matched to the compared model's kept fraction)")
+    p.add_argument("--passkey-lengths", type=int, nargs="*", help="cache_prune: pass-key lengths under pruning "
+                   "(default 8192 16384; none to skip)")
+    return p
+
+
+def check_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    for option, users in TASK_OPTIONS.items():
+        if getattr(args, option) is not None and args.task not in users:
+            parser.error(f"--{option.replace('_', '-')} does not apply to --task {args.task} "
+                         f"(used by: {', '.join(sorted(users))})")
+    for option in ("max_docs", "trials", "max_len", "min_tokens", "seq_len", "batch_size", "window", "n_boot"):
+        value = getattr(args, option)
+        if value is not None and value < 1:
+            parser.error(f"--{option.replace('_', '-')} must be a positive integer, got {value}")
+    for option in ("lengths", "passkey_lengths", "buckets"):
+        bad = [v for v in getattr(args, option) or [] if v < (0 if option == "buckets" else 2)]
+        if bad:
+            parser.error(f"--{option.replace('_', '-')} has invalid values {bad}")
+    if args.margin is not None and (args.margin <= 0 or args.compare is None):
+        parser.error("--margin needs --compare and a positive value (nats)")
+    if any(math.isnan(t) for t in args.thresholds or []):
+        parser.error("--thresholds must be numbers (use -inf for no pruning)")
+    if not 0 < args.confidence < 1:
+        parser.error(f"--confidence must be in (0, 1), got {args.confidence}")
+    if args.task == "cache_prune" and args.impl not in (None, "chunked"):
+        parser.error("cache_prune simulates pruning inside the chunked path; --impl must be chunked (or left out)")
+    if args.data is not None and not (os.path.exists(args.data) or any(c in args.data for c in "*?[")):
+        parser.error(f"--data {args.data!r} does not exist")
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {name}: no CUDA device is available")
+    return device
+
+
+def run_task(args: argparse.Namespace, models: list, rt: Runtime) -> tasks.TaskOutput:
+    trials = args.trials or 100
+    if args.task == "pg19_long":
+        max_len = args.max_len or 16384
+        edges = check_edges(args.buckets, max_len) if args.buckets else power_of_two_edges(max_len)
+        return tasks.pg19_long(models, rt, args.data, max_len, edges, args.min_tokens or max_len + 1, args.max_docs)
+    if args.task == "passkey":
+        return tasks.passkey(models, rt, args.lengths or DEFAULT_LENGTHS["passkey"], trials)
+    if args.task == "test_loss":
+        seq_len = args.seq_len or models[0].decoder.cfg.max_seq_len
+        return tasks.test_loss(models, rt, args.data, seq_len, args.batch_size or 4, args.max_docs,
+                               args.margin or 0.00995)
+    passkey_lengths = [8192, 16384] if args.passkey_lengths is None else args.passkey_lengths
+    return tasks.cache_prune(models, rt, args.data, args.lengths or DEFAULT_LENGTHS["cache_prune"],
+                             args.thresholds or [-10.0, -20.0, -5.0, -2.0, -1.0], args.window, passkey_lengths,
+                             trials, args.max_docs)
+
+
+def settings(args: argparse.Namespace) -> dict:
+    """Every option as given (None = the task's default, resolved values are in the results)."""
+    skip = {"task", "ckpt", "compare", "data", "out", "tensorboard"}
+    return {k: v for k, v in vars(args).items() if k not in skip}
+
+
+def main(argv: list[str] | None = None) -> str:
+    """Run one evaluation; returns the JSON path. Errors in arguments or checkpoints exit with a message."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check_args(args, parser)
+    try:
+        device = resolve_device(args.device)
+        impl = "chunked" if args.task == "cache_prune" else args.impl
+        models = [load_decoder(path, device, impl) for path in filter(None, (args.ckpt, args.compare))]
+    except (CheckpointError, ValueError, RuntimeError) as err:
+        parser.error(str(err))
+    if args.task == "cache_prune":
+        try:
+            tasks.check_prune_setup(models, args.window)
+        except ValueError as err:
+            parser.error(str(err))
+    rt = Runtime(device, args.precision, args.seed, args.n_boot, args.confidence)
+    started = time.time()
+    try:
+        output = run_task(args, models, rt)
+    except (ValueError, FileNotFoundError, ConnectionError) as err:  # data / length problems, stated by the task
+        parser.exit(2, f"{parser.prog}: error: --task {args.task}: {err}\n")
+    header = {
+        "checkpoint": models[0].describe(device),
+        "compare": models[1].describe(device) if len(models) == 2 else None,
+        "data": eval_data.describe(args.data) if args.task in TASK_OPTIONS["data"] else None,
+        "settings": settings(args),
+        "device": str(device),
+        "seconds": round(time.time() - started, 2),
+        "command": " ".join(["eval.py", *(sys.argv[1:] if argv is None else argv)]),
+    }
+    stem = os.path.splitext(os.path.basename(args.ckpt))[0]
+    out_dir = args.out or os.path.join("eval_results", f"{args.task}-{stem}")
+    path = write_outputs(out_dir, args.task, header, output, args.tensorboard, models[0].global_step or 0)
+    print(f"{args.task}: wrote {path}")
+    return path

@@ -1,0 +1,157 @@
+"""``LanguageModel``: next-token training of a ``Decoder``; the training logic only (model: fpa_lightning)."""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+from torchmetrics import MeanMetric
+
+from fpa_lightning import Decoder, ModelConfig
+
+
+@dataclass
+class OptimConfig:
+    """AdamW with linear warm-up, then cosine decay to ``min_lr_ratio * lr`` at ``trainer.max_steps``."""
+
+    lr: float = 1e-3
+    """Peak learning rate, reached at the end of the warm-up."""
+    betas: tuple[float, float] = (0.9, 0.95)
+    """AdamW (beta1, beta2)."""
+    eps: float = 1e-8
+    """AdamW epsilon."""
+    weight_decay: float = 0.1
+    """Decoupled weight decay of the matrices in the blocks (never norms, biases, embeddings or gate parameters)."""
+    warmup_steps: int = 250
+    """Optimizer steps of linear warm-up from lr/warmup_steps to lr."""
+    min_lr_ratio: float = 0.1
+    """Final learning rate as a fraction of lr, reached at trainer.max_steps."""
+
+    def __post_init__(self) -> None:
+        self.betas = tuple(self.betas)  # YAML gives a list
+        if self.lr <= 0:
+            raise ValueError(f"optim.lr must be positive, got {self.lr}")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ValueError(f"optim.betas must be two numbers in [0, 1), got {self.betas}")
+        if self.eps <= 0:
+            raise ValueError(f"optim.eps must be positive, got {self.eps}")
+        if self.weight_decay < 0:
+            raise ValueError(f"optim.weight_decay must be non-negative, got {self.weight_decay}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"optim.warmup_steps must be non-negative, got {self.warmup_steps}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f"optim.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+
+
+def lr_factor(step: int, warmup_steps: int, total_steps: int, min_lr_ratio: float) -> float:
+    """Multiplier of the peak lr at optimizer step ``step`` (0-based): (step+1)/warmup, then cosine."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps  # never 0, so the first step already moves the weights
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def decays(name: str, param: torch.nn.Parameter) -> bool:
+    """Whether weight decay applies to a parameter of ``Decoder`` (by its qualified name).
+
+    Only the matrices of the blocks decay (attention qkv/out, MLP). Norm gains and biases (1-D) do
+    not: shrinking them towards 0 is not a regulariser. The embedding (tied to the output layer) does
+    not: decoupled decay shrinks every row each step, but a rare token's row gets a gradient rarely,
+    so it would decay towards 0 between its updates. Gate parameters (``*.gates.*``: FPA's field map
+    and beta, FoX's forget gate, DCP's interaction) do not: decay would pull their biases and
+    scales towards a fixed bias strength, i.e. it would regularise the method under study itself.
+    """
+    return param.ndim >= 2 and ".gates." not in name and not name.startswith("embed.")
+
+
+class LanguageModel(L.LightningModule):
+    """Trains ``Decoder(model)`` on batches ``{input_ids, labels}`` (B, T) with next-token cross-entropy.
+
+    Logs ``train/loss``, ``train/lr``, ``train/tokens_per_s`` (all ranks' tokens over wall time of
+    training steps, validation excluded), ``val/loss`` (mean over all tokens) and ``val/ppl``.
+    Precision is the Trainer's (``trainer.precision`` in the config).
+    """
+
+    def __init__(self, model: ModelConfig, optim: OptimConfig = OptimConfig()):
+        super().__init__()
+        # A checkpoint stores plain dicts, so ``load_from_checkpoint`` calls us with dicts.
+        model = ModelConfig(**model) if isinstance(model, dict) else model
+        optim = OptimConfig(**optim) if isinstance(optim, dict) else optim
+        self.save_hyperparameters({"model": asdict(model), "optim": asdict(optim)})
+        self.optim = optim
+        self.model = Decoder(model)
+        self.val_loss = MeanMetric()
+        self._window_start: float | None = None
+        self._window_tokens = 0
+        self._last_step = 0
+
+    def setup(self, stage: str) -> None:
+        """Resolve each layer's attention implementation on the run's device and record it in hparams
+        (logged and checkpointed), so the run says what ran. An impossible request raises here."""
+        impls = self.model.attention_impls(self.trainer.strategy.root_device)
+        rank_zero_info(f"attention implementation per layer: {impls}")
+        # Calling save_hyperparameters again also refreshes hparams_initial, which is what loggers receive.
+        self.save_hyperparameters({**self.hparams, "attention_impls": impls})
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids)
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        loss = self.model.token_losses(batch["input_ids"], batch["labels"]).mean()
+        self.log("train/loss", loss, prog_bar=True)
+        self.log("train/lr", self.lr_schedulers().get_last_lr()[0])
+        self._window_tokens += batch["input_ids"].numel() * self.trainer.world_size
+        return loss
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        self.val_loss.update(self.model.token_losses(batch["input_ids"], batch["labels"]))
+
+    def on_validation_epoch_end(self) -> None:
+        loss = self.val_loss.compute()  # mean over every validation token of every rank
+        self.val_loss.reset()
+        self.log("val/loss", loss, prog_bar=True)
+        self.log("val/ppl", loss.exp())
+
+    # --- throughput: tokens over the wall time of training steps, measured per logging window -------
+
+    def on_train_batch_start(self, batch: dict, batch_idx: int) -> None:
+        if self._window_start is None:
+            self._window_start = self._now()
+
+    def on_train_batch_end(self, outputs, batch: dict, batch_idx: int) -> None:
+        step = self.trainer.global_step
+        stepped, self._last_step = step != self._last_step, step  # False inside gradient accumulation
+        if stepped and self._window_start is not None and step % self.trainer.log_every_n_steps == 0:
+            now = self._now()
+            self.log("train/tokens_per_s", self._window_tokens / (now - self._window_start))
+            self._window_start, self._window_tokens = now, 0
+
+    def on_validation_start(self) -> None:
+        # Validation is not training time: drop the open window, restart at the next train batch.
+        self._window_start, self._window_tokens = None, 0
+
+    def _now(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # kernels are asynchronous: wait before reading the clock
+        return time.perf_counter()
+
+    # --- optimizer ------------------------------------------------------------------------------------
+
+    def configure_optimizers(self):
+        params = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        groups = [
+            {"params": [p for n, p in params if decays(n, p)], "weight_decay": self.optim.weight_decay},
+            {"params": [p for n, p in params if not decays(n, p)], "weight_decay": 0.0},
+        ]
+        optimizer = torch.optim.AdamW(groups, lr=self.optim.lr, betas=self.optim.betas, eps=self.optim.eps,
+                                      fused=self.device.type == "cuda")
+        total = self.trainer.max_steps
+        if total is None or total < 1:
+            raise ValueError("set trainer.max_steps: the cosine schedule ends there (the train stream is endless)")
+        o = self.optim
+        schedule = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: lr_factor(step, o.warmup_steps, total, o.min_lr_ratio))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}

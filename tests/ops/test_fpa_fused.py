@@ -1,0 +1,234 @@
+"""The fused FPA kernel against the reference op (naive.py).
+
+CPU: through Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1 without CUDA), tiny
+shapes, block size 16. GPU (marked `gpu`): ≥ 20 random shapes in bf16. Tolerance rule: the kernel's
+error against a float64 reference is at most 2× the error of the same-precision PyTorch reference
+(the naive op run on the same low-precision inputs), for the output and all six gradients.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from fpa_lightning.ops.fpa import fused as fused_mod
+from fpa_lightning.ops.fpa.fused import fpa_attention
+from fpa_lightning.ops.fpa.naive import naive_fpa_attention
+
+HAS_CUDA = torch.cuda.is_available()
+DEV = "cuda" if HAS_CUDA else "cpu"
+NAMES = ("out", "dq", "dk", "dv", "dphi", "dpsi", "dbeta")
+
+
+def make_inputs(B, T, H, D, *, drift=0.0, step=1.0, offset=0.5, seed=0, alive=False, beta_lo=0.5):
+    """float64 inputs on the CPU: a random walk W (mean drift per step `drift`, noise `step`),
+    field φ = W + g, level ψ = W + h (g, h ~ offset·N(0, 1))."""
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, T, H, D, generator=gen, dtype=torch.float64) for _ in range(3))
+    W = (drift + step * torch.randn(B, T, H, generator=gen, dtype=torch.float64)).cumsum(1)
+    phi = W + offset * torch.randn(B, T, H, generator=gen, dtype=torch.float64)
+    psi = W + offset * torch.randn(B, T, H, generator=gen, dtype=torch.float64)
+    if alive:  # every level below every field value: all keys stay alive
+        psi = torch.full_like(psi, float(phi.min()) - 1.0)
+    beta = beta_lo + torch.rand(H, generator=gen, dtype=torch.float64)
+    do = torch.randn(B, T, H, D, generator=gen, dtype=torch.float64)
+    return (q, k, v, phi, psi, beta), do
+
+
+def run(fn, inputs, do, qkv_dtype, device, **kw):
+    """Output and the six gradients (as float64 CPU tensors)."""
+    args = []
+    for i, t in enumerate(inputs):
+        dt = qkv_dtype if i < 3 else (torch.float64 if qkv_dtype == torch.float64 else torch.float32)
+        args.append(t.detach().to(device=device, dtype=dt).clone().requires_grad_())
+    out = fn(*args, **kw)
+    out.backward(do.to(device=device, dtype=out.dtype))
+    return [out.detach().double().cpu()] + [a.grad.double().cpu() for a in args]
+
+
+def max_err(a, b):
+    return (a - b).abs().max().item()
+
+
+def check_against_reference(inputs, do, dtype, device, *, factor=2.0, **kw):
+    ref = run(naive_fpa_attention, inputs, do, torch.float64, device)
+    same = run(naive_fpa_attention, inputs, do, dtype, device)
+    got = run(fpa_attention, inputs, do, dtype, device, **kw)
+    for name, r, s, g in zip(NAMES, ref, same, got):
+        assert torch.isfinite(g).all(), f"{name}: non-finite values"
+        e_k, e_t = max_err(g, r), max_err(s, r)
+        # floor: a few ulps of the tensor's scale in the working precision (fp32 accumulators)
+        floor = 8 * torch.finfo(torch.float32).eps * (1.0 + r.abs().max().item())
+        assert e_k <= factor * e_t + floor, f"{name}: kernel err {e_k:.3e} > {factor}x torch err {e_t:.3e}"
+    return got
+
+
+# ------------------------------------------------------------------------------------------------
+# CPU (interpreter) and GPU alike: tiny shapes
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("T", [1, 5, 37])
+def test_matches_reference_small(T):
+    inputs, do = make_inputs(2, T, 2, 16, drift=-0.3, step=1.5, seed=T)
+    check_against_reference(inputs, do, torch.float32, DEV)
+
+
+@pytest.mark.parametrize("drift", [1000.0 / 37, -1000.0 / 37])
+def test_drift_1000(drift):
+    inputs, do = make_inputs(1, 37, 2, 16, drift=drift, step=3.0, seed=1)
+    check_against_reference(inputs, do, torch.float32, DEV)
+
+
+def test_wild_oscillation():
+    inputs, do = make_inputs(1, 37, 2, 16, seed=2)
+    q, k, v, phi, psi, beta = inputs
+    t = torch.arange(37, dtype=torch.float64)[None, :, None]
+    osc = 300.0 * torch.sin(1.7 * t) + 50.0 * torch.randn(1, 37, 2, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    check_against_reference((q, k, v, phi + osc, psi + osc.roll(1, 1), beta), do, torch.float32, DEV)
+
+
+def test_all_alive_gives_exactly_zero_field_grads():
+    inputs, do = make_inputs(1, 37, 2, 16, alive=True, seed=4)
+    got = run(fpa_attention, inputs, do, torch.float32, DEV)
+    assert (got[4] == 0).all() and (got[5] == 0).all() and (got[6] == 0).all()
+
+
+def test_rerun_is_deterministic():
+    inputs, do = make_inputs(1, 37, 2, 16, drift=-0.5, seed=5)
+    a = run(fpa_attention, inputs, do, torch.float32, DEV)
+    b = run(fpa_attention, inputs, do, torch.float32, DEV)
+    for name, x, y in zip(NAMES, a, b):
+        assert torch.equal(x, y), name
+
+
+def test_every_output_element_is_written(monkeypatch):
+    monkeypatch.setattr(fused_mod, "POISON_OUTPUTS", True)
+    inputs, do = make_inputs(1, 21, 2, 16, drift=-0.5, seed=6)
+    got = run(fpa_attention, inputs, do, torch.float32, DEV)
+    for name, g in zip(NAMES, got):
+        assert torch.isfinite(g).all(), name
+
+
+def _skip_bound_check(inputs, do, dtype, device, thr):
+    """|o_skip − o| ≤ 2·m_t·max|v| per row t, m_t = probability mass of pairs with bias < thr
+    (every skipped pair has bias < thr, so the skipped mass is at most m_t; renormalising the kept
+    keys moves the output by at most m·max|v| and dropping the skipped ones by another m·max|v|)."""
+    q, k, v, phi, psi, beta = inputs
+    full = run(fpa_attention, inputs, do, dtype, device)
+    skip = run(fpa_attention, inputs, do, dtype, device, skip_threshold=thr)
+    from fpa_lightning.ops.fpa.naive import fpa_bias
+
+    bias = fpa_bias(phi, psi, beta)  # (B, H, T, T)
+    T, D = q.shape[1], q.shape[-1]
+    logits = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(D) + bias
+    p = logits.softmax(-1)
+    m = (p * (bias < thr)).sum(-1)  # (B, H, T)
+    vmax = v.abs().amax(dim=(1, 3))  # (B, H)
+    bound = 2 * m * vmax[:, :, None]  # (B, H, T)
+    err = (skip[0] - full[0]).abs().amax(-1).permute(0, 2, 1)  # (B, H, T)
+    slack = 4 * torch.finfo(dtype).eps * (1 + full[0].abs().max().item()) if dtype != torch.float64 else 0.0
+    assert (err <= bound + slack).all(), f"skip error {err.max():.3e} above bound {bound.max():.3e}"
+    for g in skip:
+        assert torch.isfinite(g).all()
+    return full, skip, m
+
+
+def test_skipping_error_is_bounded():
+    # steep negative drift: old keys die, so far tiles are skipped at a mild threshold
+    inputs, do = make_inputs(1, 64, 2, 16, drift=-1.0, step=0.5, seed=7, beta_lo=1.0)
+    full, skip, m = _skip_bound_check(inputs, do, torch.float32, DEV, thr=-3.0)
+    assert max_err(full[0], skip[0]) > 0, "no tile was skipped: the test does not exercise skipping"
+
+
+def test_value_errors():
+    inputs, _ = make_inputs(1, 8, 2, 16)
+    q, k, v, phi, psi, beta = (t.float().to(DEV) for t in inputs)
+    with pytest.raises(ValueError, match="head dim"):
+        fpa_attention(q[..., :12], k[..., :12], v[..., :12], phi, psi, beta)
+    with pytest.raises(ValueError, match="dtype"):
+        fpa_attention(q.double(), k.double(), v.double(), phi, psi, beta)
+    with pytest.raises(ValueError, match="share one dtype"):
+        fpa_attention(q, k.half(), v, phi, psi, beta)
+    with pytest.raises(ValueError, match="float32"):
+        fpa_attention(q, k, v, phi.double(), psi, beta)
+    with pytest.raises(ValueError, match="phi and psi"):
+        fpa_attention(q, k, v, phi[:, :4], psi, beta)
+    with pytest.raises(ValueError, match="beta"):
+        fpa_attention(q, k, v, phi, psi, beta[:1])
+    with pytest.raises(ValueError, match="one shape"):
+        fpa_attention(q, k[:, :4], v, phi, psi, beta)
+    with pytest.raises(ValueError, match=r"\(B, T, H, D\)"):
+        fpa_attention(q[0], k[0], v[0], phi, psi, beta)
+    with pytest.raises(ValueError, match="skip_threshold"):
+        fpa_attention(q, k, v, phi, psi, beta, skip_threshold=1.0)
+
+
+def test_non_cuda_tensors_rejected_outside_interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    inputs, _ = make_inputs(1, 8, 2, 16)
+    q, k, v, phi, psi, beta = (t.float() for t in inputs)
+    with pytest.raises(ValueError, match="CUDA"):
+        fpa_attention(q, k, v, phi, psi, beta)
+
+
+# ------------------------------------------------------------------------------------------------
+# GPU
+# ------------------------------------------------------------------------------------------------
+GPU_SHAPES = [  # (B, T, H, D)
+    (1, 1, 1, 64), (2, 17, 3, 64), (1, 1000, 2, 64), (1, 2049, 2, 64), (2, 63, 2, 16), (1, 64, 4, 32),
+    (1, 65, 2, 128), (3, 130, 1, 64), (1, 257, 2, 16), (2, 300, 2, 32), (1, 511, 1, 128), (1, 512, 2, 64),
+    (2, 777, 1, 64), (1, 1024, 2, 16), (1, 1023, 1, 32), (1, 1500, 1, 128), (4, 128, 3, 64), (1, 2, 1, 64),
+    (1, 3000, 1, 64), (2, 200, 6, 64), (1, 129, 1, 128), (1, 2049, 1, 128),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", GPU_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_gpu_bf16_random_shapes(shape):
+    B, T, H, D = shape
+    seed = hash(shape) % 1000
+    inputs, do = make_inputs(B, T, H, D, drift=-0.05 * (seed % 3), step=1.0, seed=seed)
+    check_against_reference(inputs, do, torch.bfloat16, "cuda")
+
+
+@pytest.mark.gpu
+def test_gpu_fp16():
+    inputs, do = make_inputs(2, 600, 2, 64, drift=-0.1, seed=11)
+    check_against_reference(inputs, do, torch.float16, "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("drift", [1000.0 / 1500, -1000.0 / 1500])
+def test_gpu_drift_1000(drift):
+    inputs, do = make_inputs(1, 1500, 2, 64, drift=drift, step=2.0, seed=12)
+    check_against_reference(inputs, do, torch.bfloat16, "cuda")
+
+
+@pytest.mark.gpu
+def test_gpu_wild_oscillation():
+    inputs, do = make_inputs(1, 1200, 2, 64, seed=13)
+    q, k, v, phi, psi, beta = inputs
+    t = torch.arange(1200, dtype=torch.float64)[None, :, None]
+    osc = 400.0 * torch.sin(0.9 * t) + 60.0 * torch.randn(1, 1200, 2, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    check_against_reference((q, k, v, phi + osc, psi + osc.roll(3, 1), beta), do, torch.bfloat16, "cuda")
+
+
+@pytest.mark.gpu
+def test_gpu_all_alive_and_deterministic_and_written(monkeypatch):
+    inputs, do = make_inputs(2, 1000, 2, 64, alive=True, seed=14)
+    got = run(fpa_attention, inputs, do, torch.bfloat16, "cuda")
+    assert (got[4] == 0).all() and (got[5] == 0).all() and (got[6] == 0).all()
+    monkeypatch.setattr(fused_mod, "POISON_OUTPUTS", True)
+    inputs, do = make_inputs(2, 1001, 2, 64, drift=-0.2, seed=15)
+    a = run(fpa_attention, inputs, do, torch.bfloat16, "cuda")
+    b = run(fpa_attention, inputs, do, torch.bfloat16, "cuda")
+    for name, x, y in zip(NAMES, a, b):
+        assert torch.isfinite(x).all(), name
+        assert torch.equal(x, y), name
+
+
+@pytest.mark.gpu
+def test_gpu_skipping_error_is_bounded():
+    inputs, do = make_inputs(1, 2048, 2, 64, drift=-0.05, step=1.0, seed=16, beta_lo=1.0)
+    full, skip, m = _skip_bound_check(inputs, do, torch.float32, "cuda", thr=-10.0)
+    assert max_err(full[0], skip[0]) > 0

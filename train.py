@@ -27,6 +27,8 @@ class TrainCLI(LightningCLI):
         # A parser-level callback (not a trainer.callbacks entry), so a YAML that lists its own
         # callbacks adds to it instead of replacing it.
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        # The model's training context length is the data's row length, whatever the command line overrides.
+        parser.link_arguments("data.init_args.seq_len", "model.model.max_seq_len")
         parser.set_defaults({
             "checkpoint.monitor": "val/loss",
             "checkpoint.mode": "min",
@@ -36,9 +38,18 @@ class TrainCLI(LightningCLI):
             "checkpoint.auto_insert_metric_name": False,
         })
 
+    def instantiate_classes(self) -> None:
+        # The config dataclasses and data modules check their values in their constructors; report a
+        # failed check as a configuration error (usage line + message, exit code 2), before any training.
+        try:
+            super().instantiate_classes()
+        except ValueError as error:
+            self.parser.error(f"invalid configuration: {error}")
 
-def main(args: list[str] | None = None) -> TrainCLI:
-    """Run the CLI (``args=None`` reads sys.argv); returns it, so tests can inspect the trainer."""
+
+def main(args: list[str] | None = None, run: bool = True) -> TrainCLI:
+    """Run the CLI (``args=None`` reads sys.argv). ``run=False`` only parses and instantiates (no
+    subcommand in ``args``); the returned CLI holds the model, data module and trainer."""
     return TrainCLI(
         LanguageModel,
         TextDataModule,
@@ -48,6 +59,7 @@ def main(args: list[str] | None = None) -> TrainCLI:
         save_config_kwargs={"overwrite": True},
         auto_configure_optimizers=False,  # the optimizer is LanguageModel's (model.optim), not a CLI option
         args=args,
+        run=run,
     )
 
 

@@ -42,7 +42,9 @@ class StepTimer(L.Callback):
 def measure(backend: str, args) -> dict:
     model_cfg = ModelConfig(attention=AttentionConfig(backend=backend, skip_threshold=args.skip if backend == "fpa" else None))
     module = LanguageModel(model=model_cfg, optim=OptimConfig(warmup_steps=50))
-    data = TextDataModule(source="offline", seq_len=2048, batch_size=args.batch_size, num_workers=args.workers)
+    data = TextDataModule(
+        source="offline", tokenizer=args.tokenizer, seq_len=2048, batch_size=args.batch_size, num_workers=args.workers
+    )
     timer = StepTimer(args.warmup)
     trainer = L.Trainer(
         accelerator="gpu", devices=1, precision="bf16-mixed", max_steps=args.steps, gradient_clip_val=1.0,
@@ -71,6 +73,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--skip", type=float, default=None, help="FPA dead-block skip threshold (None = exact)")
+    parser.add_argument("--tokenizer", default=None, help="a tokenizer.json (machines without mistral-common)")
     parser.add_argument("--json", default=None, help="write the results here")
     args = parser.parse_args()
     if not torch.cuda.is_available():

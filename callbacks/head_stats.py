@@ -81,11 +81,12 @@ def layer_survival(
     prev = None  # (B, H, prev_hi): alive row of the previous query, carried across blocks
     for lo, bias in blocks:  # bias (B, H, R, hi)
         alive = bias >= threshold  # −inf (s > t) is never alive
-        R, hi = bias.shape[-2], bias.shape[-1]
+        R = bias.shape[-2]
         rows = torch.arange(lo, lo + R, device=bias.device)  # (R,) absolute query index t
         size = alive.sum(-1)  # (B, H, R): |A_t|
         if alive_sum is None:
-            alive_sum, nonsuffix_sum, deaths_sum, boundary_sum = torch.zeros(4, bias.shape[1], dtype=torch.float64)
+            alive_sum, nonsuffix_sum, deaths_sum, boundary_sum = torch.zeros(
+                4, bias.shape[1], dtype=torch.float64, device=bias.device)
 
         late = rows >= query_start  # (R,)
         n_late += int(late.sum()) * bias.shape[0]
@@ -93,13 +94,7 @@ def layer_survival(
         alive_sum += (size / (rows + 1))[..., late].double().sum((0, 2))
         nonsuffix_sum += ((size - suffix) / size)[..., late].double().sum((0, 2))
 
-        # alive rows t−1 for every row t of the block: the carried row, then this block's rows but the last
-        before = alive[..., :-1, :]
-        if prev is not None:
-            before = torch.cat([_pad_keys(prev, hi)[..., None, :], before], dim=-2)
-        else:  # query 0 has no predecessor: its row is left out below
-            before = torch.cat([torch.zeros_like(alive[..., :1, :]), before], dim=-2)
-        died = (before & ~alive).sum(-1).double()  # (B, H, R): deaths(t); 0 for t = 0
+        died = _deaths(alive, prev)  # (B, H, R)
         deaths_sum += died.sum((0, 2))
         at_start = boundary[:, lo : lo + R].to(died.device)  # (B, R)
         boundary_sum += (died * at_start[:, None, :]).sum((0, 2))
@@ -109,6 +104,8 @@ def layer_survival(
         raise ValueError("layer_survival needs at least one bias block")
     if n_late == 0:
         raise ValueError(f"no query at or past query_start={query_start} (sequence length {segment_ids.shape[1]})")
+    alive_sum, nonsuffix_sum, deaths_sum, boundary_sum = (x.cpu() for x in (alive_sum, nonsuffix_sum, deaths_sum,
+                                                                             boundary_sum))
     n_death_queries = segment_ids.shape[0] * (segment_ids.shape[1] - 1)
     n_boundaries = int(boundary.sum())
     rate = deaths_sum / max(n_death_queries, 1)
@@ -133,9 +130,15 @@ def _last_dead_key(alive: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     return torch.where(dead_causal, keys.int(), -1).amax(-1)  # int32: this (B, H, R, hi) tensor is the largest here
 
 
-def _pad_keys(alive_row: torch.Tensor, width: int) -> torch.Tensor:
-    """(..., w) bool -> (..., width): keys the earlier row did not cover are not alive for it."""
-    return torch.nn.functional.pad(alive_row, (0, width - alive_row.shape[-1]), value=False)
+def _deaths(alive: torch.Tensor, prev: torch.Tensor | None) -> torch.Tensor:
+    """deaths(t) = |A_{t−1} \\ A_t| for the block's rows: alive (B, H, R, hi); prev (B, H, w ≤ hi), the alive row of
+    the query before the block (None for the first block: query 0 has no predecessor, deaths(0) = 0)."""
+    if prev is None:
+        prev = torch.zeros_like(alive[..., 0, :])
+    # keys the earlier row did not cover (s ≥ w) were not alive for it
+    prev = torch.nn.functional.pad(prev, (0, alive.shape[-1] - prev.shape[-1]), value=False)
+    before = torch.cat([prev[..., None, :], alive[..., :-1, :]], dim=-2)  # (B, H, R, hi): A_{t−1} per row t
+    return (before & ~alive).sum(-1).double()
 
 
 def _ratio(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:

@@ -77,7 +77,8 @@ def measure_heads(
             report.layers[layer] = _per_head(stats, n_head)
             if probe.backend == "fpa":
                 report.beta[layer] = probe.ingredients["beta"].double().cpu()
-                report.walk[layer] = {k: v.cpu() for k, v in walk_steps(probe.ingredients["phi"], probe.ingredients["psi"]).items()}
+                walk = walk_steps(probe.ingredients["phi"], probe.ingredients["psi"])
+                report.walk[layer] = {k: v.cpu() for k, v in walk.items()}
     if not report.layers:
         raise ValueError("the model has no attention layer with a bias; there is nothing to measure")
     return report
@@ -110,7 +111,7 @@ class HeadSurvivalCallback(Callback):
 
     def __init__(
         self,
-        every_n_steps: int = 500,
+        every_n_steps: int = 250,
         probe_rows: int = 2,
         probe_seq_len: int | None = None,
         batch: dict | None = None,
@@ -216,29 +217,32 @@ def _median_head(report: HeadReport) -> tuple[int, int]:
 
 def _heat_map(report: HeadReport):
     alive = report.alive_fractions().numpy()
-    fig = new_figure(1.0 + 0.4 * alive.shape[1], 1.0 + 0.4 * alive.shape[0])
+    fig = new_figure(max(4.0, 1.5 + 0.35 * alive.shape[1]), max(3.0, 1.2 + 0.3 * alive.shape[0]))
     ax = fig.add_subplot()
     im = ax.imshow(alive, vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
-    ax.set_xlabel("head")
-    ax.set_ylabel("layer")
-    ax.set_yticks(range(alive.shape[0]), [str(l) for l in report.layers])
-    ax.set_title(f"alive fraction (queries ≥ {report.query_start})")
+    ax.set(xlabel="head", ylabel="layer", xticks=range(alive.shape[1]))
+    ax.set_yticks(range(alive.shape[0]), [str(l) for l in report.layers])  # only layers with a bias have a row
+    ax.set_title(f"alive fraction, queries ≥ {report.query_start}", fontsize=9)
     fig.colorbar(im, ax=ax)
     fig.tight_layout()
     return fig
 
 
 def _example_figure(bias: torch.Tensor, layer: int, head: int, threshold: float):
-    """Bias (clipped to [−10, 0]) and alive mask of one head, queries down, keys across."""
+    """Bias (clipped to [−10, 0]) and alive mask of one head, queries down, keys across; future keys (s > t) grey."""
+    import matplotlib
+
+    future = torch.isneginf(bias)  # the causal mask, not a dead key: drawn as "bad" (grey), not as −10 or dead
     fig = new_figure(9.0, 4.2)
     left, right = fig.subplots(1, 2)
-    im = left.imshow(bias.clamp(min=-10.0).numpy(), vmin=-10.0, vmax=0.0, cmap="magma", interpolation="nearest")
-    left.set_title(f"bias, layer {layer} head {head}")
-    fig.colorbar(im, ax=left)
-    right.imshow((bias >= threshold).numpy(), cmap="gray", interpolation="nearest")
-    right.set_title(f"alive (bias ≥ {threshold:g})")
-    for ax in (left, right):
-        ax.set_xlabel("key s")
-        ax.set_ylabel("query t")
+    for ax, values, cmap, limits, title in (
+        (left, bias.clamp(min=-10.0), "magma", (-10.0, 0.0), f"bias, layer {layer} head {head}"),
+        (right, (bias >= threshold).float(), "gray", (0.0, 1.0), f"alive (white: bias ≥ {threshold:g})"),
+    ):
+        colours = matplotlib.colormaps[cmap].with_extremes(bad="lightgrey")
+        ax.imshow(values.masked_fill(future, float("nan")).numpy(), vmin=limits[0], vmax=limits[1], cmap=colours,
+                  interpolation="nearest")
+        ax.set(title=title, xlabel="key s", ylabel="query t")
+    fig.colorbar(left.images[0], ax=left)
     fig.tight_layout()
     return fig

@@ -46,17 +46,18 @@ class PasskeyBuilder:
 
     def __init__(self, tokenizer, bos_id: int):
         self.tokenizer, self.bos_id = tokenizer, bos_id
-        self.intro = self._ids(INTRO)
-        self.filler = [self._ids(s) for s in FILLER]
-        self.question = self._ids(QUESTION)
+        self.intro = self.encode(INTRO)
+        self.filler = [self.encode(s) for s in FILLER]
+        self.question = self.encode(QUESTION)
 
-    def _ids(self, text: str) -> list[int]:
+    def encode(self, text: str) -> list[int]:
+        """Token ids of a piece as it reads after a space (the dummy prefix plays the space)."""
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 
     def trial(self, length: int, depth: float, key: int) -> PasskeyTrial:
         if not 0.0 <= depth <= 1.0:
             raise ValueError(f"depth must be in [0, 1], got {depth}")
-        key_ids, answer = self._ids(KEY_SENTENCE.format(key=key)), self._ids(str(key))
+        key_ids, answer = self.encode(KEY_SENTENCE.format(key=key)), self.encode(str(key))
         fixed = 1 + len(self.intro) + len(key_ids) + len(self.question) + len(answer)
         sentences = self._filler_sentences(length - fixed)
         if not sentences:

@@ -18,7 +18,7 @@ forward on the instance only for the duration of the context; training code is u
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterator
 
 import torch
@@ -60,7 +60,7 @@ class KeptStats:
     rows: list[int]
     kept_pairs: list[int]
     causal_pairs: list[int]
-    revived_pairs: list[int] = field(default_factory=list)
+    revived_pairs: list[int]
 
     @classmethod
     def empty(cls, n_layer: int) -> "KeptStats":

@@ -91,8 +91,9 @@ def _plot_buckets(results: dict, train_len: int) -> plt.Figure:
     if n == 2:
         _errorbar(axes[0, 1], mids, results["difference"], color="k")
         axes[0, 1].axhline(0, color="grey")
+        confidence = results["difference"][0]["confidence"]
         axes[0, 1].set(xscale="log", xlabel="position (bucket middle)", ylabel="loss A − B (nats)",
-                       title="paired difference (95% bootstrap over documents)")
+                       title=f"paired difference ({confidence:.0%} bootstrap over documents)")
     fig.tight_layout()
     return fig
 
@@ -145,7 +146,7 @@ def _plot_passkey(results: dict) -> plt.Figure:
         rates = [e["models"][i]["rate"] for e in results["lengths"]]
         _errorbar(ax, lengths, rates, label=results["lengths"][0]["models"][i]["label"])
     ax.set(xscale="log", ylim=(-0.05, 1.05), xlabel="prompt length (tokens)", ylabel="greedy success rate",
-           title=f"pass key ({results['trials_per_length']} trials per length, exact 95% intervals)")
+           title=f"pass key ({results['trials_per_length']} trials per length, exact intervals)")
     ax.legend()
     fig.tight_layout()
     return fig
@@ -160,10 +161,10 @@ def test_loss(models: list[LoadedModel], rt: Runtime, data: str | None, seq_len:
     paired difference A − B and the non-inferiority verdict for ``margin`` (nats)."""
     per_seq = [[] for _ in models]
     for batch in eval_data.test_sequences(data, seq_len, batch_size, max_docs):
-        ids = np.concatenate([batch["input_ids"], batch["labels"][:, -1:]], axis=1)  # (B, seq_len + 1)
+        ids = torch.cat([batch["input_ids"], batch["labels"][:, -1:]], dim=1)  # (B, seq_len + 1)
         for i, m in enumerate(models):
             check_vocab(m.decoder, int(ids.max()))
-            per_seq[i].extend(token_losses(m.decoder, torch.as_tensor(ids, dtype=torch.long), rt).mean(axis=1))
+            per_seq[i].extend(token_losses(m.decoder, ids, rt).mean(axis=1))
     values = [np.array(v) for v in per_seq]  # each (N sequences,)
     results = {
         "sequences": len(values[0]),

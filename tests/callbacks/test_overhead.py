@@ -1,4 +1,6 @@
-"""Overhead of HeadSurvivalCallback at its default frequency, on CPU with the quickstart model's shapes:
+"""Overhead of HeadSurvivalCallback at its default frequency, on CPU with the quickstart model's shapes (but a
+512-token vocabulary and 4 rows per batch, which keep the test fast and make the step cheaper, so the ratio is
+pessimistic):
 time per call ÷ (every_n_steps × mean training step time) must stay under 3%. Run with -s to see the number."""
 import inspect
 import time
@@ -12,7 +14,7 @@ from callbacks import HeadSurvivalCallback
 from fpa_lightning.config import AttentionConfig, ModelConfig
 from modules.language_model import LanguageModel, OptimConfig
 
-SEQ, ROWS, VOCAB = 256, 8, 32000  # configs/quickstart.yaml: seq_len 256, batch 8, Mistral vocabulary
+SEQ, ROWS, VOCAB = 256, 4, 512  # configs/quickstart.yaml: seq_len 256 (its batch is 8, its vocabulary 32,000)
 DEFAULT_EVERY = inspect.signature(HeadSurvivalCallback).parameters["every_n_steps"].default
 
 
@@ -54,15 +56,15 @@ def test_head_survival_overhead_at_default_frequency(tmp_path):
                       attention=AttentionConfig(backend="fpa", impl="chunked"))
     timer = StepTimer()
     heads = TimedHeads(every_n_steps=2, batch=random_batches(1)[0])  # every 2nd step here; the ratio uses the default
-    trainer = L.Trainer(max_steps=7, limit_val_batches=0, logger=TensorBoardLogger(tmp_path), accelerator="cpu",
+    trainer = L.Trainer(max_steps=5, limit_val_batches=0, logger=TensorBoardLogger(tmp_path), accelerator="cpu",
                         callbacks=[timer, heads], enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False)
     trainer.fit(LanguageModel(cfg, OptimConfig(warmup_steps=1)),
-                train_dataloaders=DataLoader(random_batches(7), batch_size=None))
+                train_dataloaders=DataLoader(random_batches(5), batch_size=None))
     step = sum(timer.times[1:]) / len(timer.times[1:])  # the first step pays one-off warm-up costs
     call = sum(heads.times[1:]) / len(heads.times[1:])  # so does the first call (matplotlib import, layout)
     overhead = call / (DEFAULT_EVERY * step)
     print(f"\nstep {step * 1e3:.0f} ms, callback {call * 1e3:.0f} ms per call, every {DEFAULT_EVERY} steps: "
           f"overhead {100 * overhead:.3f}% (call = {call / step:.2f} steps)")
-    assert len(heads.times) == 3
+    assert len(heads.times) == 2  # steps 2 and 4
     assert overhead < 0.03

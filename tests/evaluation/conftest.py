@@ -9,10 +9,14 @@ TINY = dict(vocab_size=32000, n_layer=2, d_model=32, n_head=2, d_mlp=64, max_seq
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _isolated_cache(tmp_path_factory):
-    old = os.environ.get("FPA_CACHE_DIR")
+def _isolated_cache_one_thread(tmp_path_factory):
+    """Tokenizer and corpus caches in a temp folder; one intra-op thread, since these tiny ops only lose
+    to thread synchronisation on a shared 2-core machine (restored afterwards)."""
+    old, threads = os.environ.get("FPA_CACHE_DIR"), torch.get_num_threads()
     os.environ["FPA_CACHE_DIR"] = str(tmp_path_factory.mktemp("fpa_cache"))
+    torch.set_num_threads(1)
     yield
+    torch.set_num_threads(threads)
     if old is None:
         os.environ.pop("FPA_CACHE_DIR", None)
     else:
@@ -54,6 +58,11 @@ def ckpts(tmp_path_factory):
     """{backend: checkpoint path} for fpa, fox and sdpa (softmax with RoPE)."""
     folder = tmp_path_factory.mktemp("ckpts")
     return {b: save_checkpoint(tiny_module(b, seed=i), folder / f"{b}.ckpt") for i, b in enumerate(("fpa", "fox", "sdpa"))}
+
+
+@pytest.fixture(scope="session")
+def make_module():
+    return tiny_module
 
 
 @pytest.fixture(scope="session")

@@ -114,6 +114,7 @@ class _FPAFunction(torch.autograd.Function):
         dq = _empty(q.shape, dtype=q.dtype, device=dev)
         dk = _empty(k.shape, dtype=k.dtype, device=dev)
         dv = _empty(v.shape, dtype=v.dtype, device=dev)
+        delta_ex = _empty((BH, Tp), dtype=torch.float32, device=dev)
         cpart = _empty((BH, nB, Tp), dtype=torch.float32, device=dev)
         dphi_k = _empty((BH, Tp), dtype=torch.float32, device=dev)
         dphi_m = _empty((BH, Tp), dtype=torch.float32, device=dev)
@@ -126,7 +127,7 @@ class _FPAFunction(torch.autograd.Function):
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
             dq.stride(0), dq.stride(1), dq.stride(2),
-            lse, delta, phip, psip, suf, pre, bmin, beta,
+            lse, delta, delta_ex, phip, psip, suf, pre, bmin, beta,
             T, H, Tp, nB, scale, thr_f,
             BS=BS, D=D, SKIP=skip, PREC=prec, **cfg,
         )
@@ -135,7 +136,7 @@ class _FPAFunction(torch.autograd.Function):
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
             dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
-            lse, delta, phip, psip, suf, zsuf, pre, zpre, bmin, zblk, beta,
+            lse, delta_ex, phip, psip, suf, zsuf, pre, zpre, bmin, zblk, beta,
             dphi_k, dpsi, dbeta, kappa, cpart,
             T, H, Tp, nB, scale, thr_f,
             BS=BS, D=D, SKIP=skip, PREC=prec, **cfg,

@@ -106,7 +106,7 @@ def _fwd_tile(q, K, V, b, h, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d,
 
 @triton.jit
 def _dq_tile(q, do, K, V, b, h, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d, row_ok,
-             suf, psi, mid, pre_i, lse, delta, sl2, bl2, dq, PREC: tl.constexpr):
+             suf, psi, mid, pre_i, lse, delta, sl2, bl2, dq, dex, PREC: tl.constexpr):
     k = tl.load(K + b * s_kb + h * s_kh + offs_n[:, None] * s_kt + offs_d[None, :])
     v = tl.load(V + b * s_vb + h * s_vh + offs_n[:, None] * s_vt + offs_d[None, :])
     Mt = tl.minimum(tl.minimum(suf[None, :], mid), pre_i[:, None])
@@ -116,7 +116,8 @@ def _dq_tile(q, do, K, V, b, h, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs
     dp = tl.dot(do, tl.trans(v), input_precision=PREC)
     ds = p * (dp - delta[:, None])
     dq += tl.dot(ds.to(k.dtype), k, input_precision=PREC)
-    return dq
+    dex += tl.sum(p * dp, axis=1)
+    return dq, dex
 
 
 @triton.jit
@@ -229,7 +230,7 @@ def _fpa_fwd_kernel(
 def _fpa_bwd_dq_kernel(
     Q, K, V, DO, DQ,
     s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_ot, s_oh, s_dqb, s_dqt, s_dqh,
-    LSE, DELTA, PHIP, PSIP, SUF, PRE, BMIN, BETA,
+    LSE, DELTA, DELTA_EX, PHIP, PSIP, SUF, PRE, BMIN, BETA,
     T, H, Tp, nB, qk_scale, thr,
     BS: tl.constexpr, D: tl.constexpr, SKIP: tl.constexpr, PREC: tl.constexpr,
 ):
@@ -266,6 +267,8 @@ def _fpa_bwd_dq_kernel(
     dp = tl.dot(do, tl.trans(v), input_precision=PREC)
     ds = p * (dp - delta[:, None])
     dq += tl.dot(ds.to(k.dtype), k, input_precision=PREC)
+    # rowsum(P * dP) in fp32: the exact Delta for the key-major kernel (O's rounding of P cancels)
+    dex = tl.sum(p * dp, axis=1)
 
     mid = FAR
     for jj in range(0, I):
@@ -275,15 +278,16 @@ def _fpa_bwd_dq_kernel(
         psi = tl.load(PSIP + fbase + offs_n)
         if SKIP:
             if _keep_tile(suf, psi, mid, phi_start, beta, thr):
-                dq = _dq_tile(q, do, K, V, b, h, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d, row_ok,
-                              suf, psi, mid, pre_i, lse, delta, sl2, bl2, dq, PREC)
+                dq, dex = _dq_tile(q, do, K, V, b, h, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d, row_ok,
+                              suf, psi, mid, pre_i, lse, delta, sl2, bl2, dq, dex, PREC)
         else:
-            dq = _dq_tile(q, do, K, V, b, h, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d, row_ok,
-                          suf, psi, mid, pre_i, lse, delta, sl2, bl2, dq, PREC)
+            dq, dex = _dq_tile(q, do, K, V, b, h, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d, row_ok,
+                          suf, psi, mid, pre_i, lse, delta, sl2, bl2, dq, dex, PREC)
         mid = tl.minimum(mid, tl.load(BMIN + bh * nB + J))
 
     tl.store(DQ + b * s_dqb + h * s_dqh + offs_m[:, None] * s_dqt + offs_d[None, :],
              (dq * qk_scale).to(DQ.dtype.element_ty), mask=row_ok[:, None])
+    tl.store(DELTA_EX + fbase + offs_m, dex)
 
 
 # ---------------------------------------------------------------------------------------------

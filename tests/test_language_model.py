@@ -1,0 +1,132 @@
+"""LanguageModel: optimizer groups, LR schedule, learning on a fixed batch, recorded attention impls, checkpoints."""
+import math
+
+import lightning as L
+import pytest
+import torch
+import yaml
+from lightning.pytorch.loggers import CSVLogger
+from torch.utils.data import DataLoader
+
+from fpa_lightning import AttentionConfig, ModelConfig
+from modules import LanguageModel, OptimConfig
+from modules.language_model import lr_factor
+
+VOCAB = 97
+
+
+def tiny_config(backend: str = "fpa", impl: str = "chunked", n_layer: int = 2, **attention) -> ModelConfig:
+    return ModelConfig(vocab_size=VOCAB, n_layer=n_layer, d_model=32, n_head=2, d_mlp=64, max_seq_len=32,
+                       attention=AttentionConfig(backend=backend, impl=impl, block_size=8, **attention))
+
+
+def fixed_batch_loader(steps: int, batch: int = 4, seq_len: int = 32) -> DataLoader:
+    """The same random batch ``steps`` times (batch_size=None: items are whole batches)."""
+    tokens = torch.randint(0, VOCAB, (batch, seq_len + 1), generator=torch.Generator().manual_seed(0))
+    item = {"input_ids": tokens[:, :-1], "labels": tokens[:, 1:]}
+    return DataLoader([item] * steps, batch_size=None)
+
+
+class LossRecorder(L.Callback):
+    def __init__(self):
+        self.losses: list[float] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.losses.append(outputs["loss"].item())
+
+
+def fit(lm: LanguageModel, steps: int, tmp_path, **trainer_kwargs) -> tuple[L.Trainer, LossRecorder]:
+    recorder = LossRecorder()
+    trainer = L.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=CSVLogger(tmp_path),
+                        callbacks=[recorder], enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, log_every_n_steps=1, **trainer_kwargs)
+    trainer.fit(lm, train_dataloaders=fixed_batch_loader(steps))
+    return trainer, recorder
+
+
+def configured_optimizer(lm: LanguageModel, max_steps: int):
+    lm.trainer = L.Trainer(max_steps=max_steps, accelerator="cpu", logger=False)
+    config = lm.configure_optimizers()
+    return config["optimizer"], config["lr_scheduler"]["scheduler"]
+
+
+@pytest.mark.parametrize("backend", ["fpa", "fox", "dcp"])
+def test_weight_decay_only_on_block_matrices(backend):
+    lm = LanguageModel(tiny_config(backend))
+    optimizer, _ = configured_optimizer(lm, 10)
+    decay, no_decay = optimizer.param_groups
+    assert (decay["weight_decay"], no_decay["weight_decay"]) == (0.1, 0.0)
+    names = {id(p): n for n, p in lm.model.named_parameters()}
+    decayed = {names[id(p)] for p in decay["params"]}
+    matrices = ("attn.qkv.weight", "attn.out.weight", "mlp.gate_up.weight", "mlp.down.weight")
+    assert decayed == {f"blocks.{i}.{m}" for i in range(2) for m in matrices}
+    not_decayed = {names[id(p)] for p in no_decay["params"]}
+    assert "embed.weight" in not_decayed  # tied with lm_head: listed once
+    assert any(".attn.gates." in n for n in not_decayed)
+    assert all(".norm" in n or "norm." in n or ".gates." in n or n == "embed.weight" for n in not_decayed)
+    assert sum(p.numel() for g in optimizer.param_groups for p in g["params"]) == lm.model.num_parameters()
+
+
+def test_lr_schedule_warmup_then_cosine_to_min():
+    warmup, total, floor = 10, 110, 0.1
+    assert lr_factor(0, warmup, total, floor) == pytest.approx(0.1)
+    assert lr_factor(4, warmup, total, floor) == pytest.approx(0.5)
+    assert lr_factor(warmup - 1, warmup, total, floor) == 1.0
+    assert lr_factor(warmup, warmup, total, floor) == 1.0
+    assert lr_factor(60, warmup, total, floor) == pytest.approx((1 + floor) / 2)  # half-way through the cosine
+    assert lr_factor(total, warmup, total, floor) == pytest.approx(floor)
+    assert lr_factor(total + 50, warmup, total, floor) == pytest.approx(floor)
+
+
+def test_scheduler_drives_every_group_lr():
+    lm = LanguageModel(tiny_config(), OptimConfig(lr=2e-3, warmup_steps=4, min_lr_ratio=0.25))
+    optimizer, scheduler = configured_optimizer(lm, 20)
+    seen = []
+    for _ in range(21):
+        seen.append([g["lr"] for g in optimizer.param_groups])
+        optimizer.step()
+        scheduler.step()
+    assert seen[0] == [pytest.approx(2e-3 / 4)] * 2
+    assert seen[3] == [pytest.approx(2e-3)] * 2
+    assert seen[20] == [pytest.approx(2e-3 * 0.25)] * 2
+
+
+def test_optim_config_rejects_bad_values():
+    for bad in ({"lr": 0}, {"betas": (0.9, 1.0)}, {"warmup_steps": -1}, {"min_lr_ratio": 1.5}, {"weight_decay": -0.1}):
+        with pytest.raises(ValueError, match="optim."):
+            OptimConfig(**bad)
+
+
+def test_steps_reduce_loss_and_the_run_records_the_impl(tmp_path):
+    torch.manual_seed(0)
+    lm = LanguageModel(tiny_config(impl="naive", bias_layers=[1]), OptimConfig(lr=3e-3, warmup_steps=2))
+    trainer, recorder = fit(lm, 25, tmp_path)
+    assert recorder.losses[0] == pytest.approx(math.log(VOCAB), abs=0.3)  # near uniform at initialisation
+    assert recorder.losses[-1] < recorder.losses[0] - 1.0
+    # Layer 0 has no FPA bias (bias_layers=[1]): plain softmax there, FPA's naive path in layer 1.
+    assert lm.attention_impls == ["softmax:naive", "fpa:naive"]
+    logged = yaml.safe_load((tmp_path / "lightning_logs" / "version_0" / "hparams.yaml").read_text())
+    assert logged["attention_impls"] == ["softmax:naive", "fpa:naive"]
+    assert logged["model"]["attention"]["bias_layers"] == [1]
+
+
+def test_fused_on_cpu_fails_before_the_first_step(tmp_path):
+    lm = LanguageModel(tiny_config(impl="fused"))
+    with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+        fit(lm, 2, tmp_path)
+    assert lm.trainer.global_step == 0
+
+
+def test_checkpoint_round_trip(tmp_path):
+    torch.manual_seed(0)
+    lm = LanguageModel(tiny_config("fox"), OptimConfig(lr=3e-3, warmup_steps=2))
+    trainer, _ = fit(lm, 3, tmp_path)
+    path = tmp_path / "model.ckpt"
+    trainer.save_checkpoint(path)
+    assert torch.load(path, weights_only=True)["attention_impls"] == ["fox:chunked", "fox:chunked"]
+    loaded = LanguageModel.load_from_checkpoint(path, map_location="cpu")  # hparams are plain dicts
+    assert loaded.model.cfg == lm.model.cfg and loaded.optim == lm.optim
+    inputs = torch.randint(0, VOCAB, (2, 32))
+    lm.eval(), loaded.eval()
+    with torch.no_grad():
+        assert torch.equal(loaded(inputs), lm(inputs))

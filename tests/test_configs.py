@@ -1,11 +1,11 @@
 """Every YAML in configs/ goes through the real CLI parser and is instantiated; bad configs fail clearly."""
-import importlib.util
 import pathlib
 
 import pytest
 import yaml
 
 from datamodules import SlimPajamaDataModule, TextDataModule
+from train import main
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 CONFIGS = sorted(REPO.glob("configs/*.yaml"))
@@ -15,16 +15,9 @@ PARAMETERS_110M = {"fpa": 109_862_208, "fox": 109_640_592, "sdpa": 109_529_856, 
                    "dcp": 110_119_692}
 
 
-def train_main():
-    spec = importlib.util.spec_from_file_location("train", REPO / "train.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.main
-
-
 def instantiate(config: pathlib.Path, *overrides: str):
     """Parse and instantiate (model, data module, trainer) without running; no logger files, no network."""
-    return train_main()(["--config", str(config), "--trainer.logger=false", *overrides], run=False)
+    return main(["--config", str(config), "--trainer.logger=false", *overrides], run=False)
 
 
 @pytest.fixture(autouse=True)
@@ -78,4 +71,4 @@ def test_fused_on_cpu_fails_before_training():
     """LanguageModel.setup resolves the implementation on the run's device, before the first batch."""
     args = ["fit", "--config", str(QUICKSTART), "--model.model.attention.impl=fused", "--trainer.logger=false"]
     with pytest.raises(RuntimeError, match="attention.impl='fused' for backend 'fpa' needs a CUDA GPU"):
-        train_main()(args)
+        main(args)

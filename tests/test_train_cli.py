@@ -1,20 +1,16 @@
 """train.py: --print_config of the 110M configs, and exact resume from a mid-run checkpoint."""
-import importlib.util
 import pathlib
 
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from train import main
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 CONFIGS_110M = sorted(REPO.glob("configs/*_110m.yaml"))
 
 
-def train_main():
-    spec = importlib.util.spec_from_file_location("train", REPO / "train.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.main
 
 
 def test_all_five_110m_configs_exist():
@@ -24,7 +20,7 @@ def test_all_five_110m_configs_exist():
 @pytest.mark.parametrize("config", CONFIGS_110M, ids=lambda p: p.stem)
 def test_print_config(config, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        train_main()(["fit", "--config", str(config), "--print_config"])
+        main(["fit", "--config", str(config), "--print_config"])
     assert exit_info.value.code in (0, None)
     printed = capsys.readouterr().out
     assert f"backend: {config.stem.removesuffix('_110m')}" in printed
@@ -58,7 +54,6 @@ def test_resume_continues_the_same_trajectory(tmp_path, monkeypatch):
     """
     monkeypatch.chdir(tmp_path)
     steps, runs = 8, tmp_path / "runs"
-    main = train_main()
     main(tiny_quickstart_args(runs, steps) + [f"--checkpoint.every_n_train_steps={steps // 2}"])
     straight_dir = runs / "quickstart" / "version_0"
     mid_checkpoint = straight_dir / "checkpoints" / f"step{steps // 2}.ckpt"

@@ -209,13 +209,9 @@ def has_bias(model: LoadedModel) -> bool:
     return any(block.attn.gates.has_bias for block in model.decoder.blocks)
 
 
-def _pruned_doc_losses(model: LoadedModel, docs: list, rule: PruneRule | None, rt: Runtime):
-    """Mean loss per document (N,) with the rule applied (None: unpruned), and the kept-key statistics."""
-    if rule is None:
-        return np.array([_mean_doc_loss(model, d, rt) for d in docs]), None
-    with pruned_cache(model.decoder, rule) as stats:
-        losses = np.array([_mean_doc_loss(model, d, rt) for d in docs])
-    return losses, stats.as_dict()
+def _doc_losses(model: LoadedModel, docs: list, rt: Runtime) -> np.ndarray:
+    """Mean loss per document, (N,)."""
+    return np.array([_mean_doc_loss(model, d, rt) for d in docs])
 
 
 def _rules(model: LoadedModel, thresholds: list[float], partner_fractions: list[float] | None,
@@ -231,7 +227,7 @@ def _rules(model: LoadedModel, thresholds: list[float], partner_fractions: list[
 
 def check_prune_setup(models: list[LoadedModel], window: int | None) -> None:
     """Fail before any compute when a model without a bias has no window to compare with."""
-    if any(not has_bias(m) for m in models) and window is None and not any(has_bias(m) for m in models):
+    if window is None and not any(has_bias(m) for m in models):
         raise ValueError("cache_prune: a checkpoint without an attention bias (softmax) is pruned with a sliding "
                          "window; give --window, or --compare it with a checkpoint that has a bias (FPA, FoX) "
                          "to match that model's kept fraction")
@@ -253,10 +249,12 @@ def cache_prune(models: list[LoadedModel], rt: Runtime, data: str | None, length
         for i in order:
             m = models[i]
             check_vocab(m.decoder, max(int(d.max()) for d in docs))
-            base, _ = _pruned_doc_losses(m, docs, None, rt)
+            base = _doc_losses(m, docs, rt)  # the same chunked path, unpatched: pairs with each pruned pass
             rows = []
             for rule in _rules(m, thresholds, fractions, window, length):
-                losses, kept = _pruned_doc_losses(m, docs, rule, rt)
+                with pruned_cache(m.decoder, rule) as stats:
+                    losses = _doc_losses(m, docs, rt)
+                kept = stats.as_dict()
                 rows.append({"rule": rule.describe(), "loss": _intervals(losses, rt)[0].as_dict(),
                              "increase": _intervals(losses - base, rt)[0].as_dict(), **kept})
                 scalars[f"cache_prune/{'AB'[i]}_increase/{length}/{_rule_tag(rule)}"] = rows[-1]["increase"]["estimate"]

@@ -122,6 +122,13 @@ class _FPAFunction(torch.autograd.Function):
         dbeta = _empty((BH, Tp), dtype=torch.float32, device=dev)
         kappa = torch.zeros((BH, nB, nB), dtype=torch.float32, device=dev)
         cfg = _launch_cfg(D, bwd=True)
+        # CMIN[J, L] = min of block minima over (J, L]; mid(J, I) = CMIN[J, I - 1]
+        idx = torch.arange(nB, device=dev)
+        cmin = torch.where(idx[None, :] > idx[:, None], bmin[:, None, :], _k.FAR_VALUE).cummin(dim=-1).values
+        # I0[J]: first key-major tile with mid(J, I) <= min_s suf_J(s) (the fast tiles are a suffix)
+        minsuf = suf.view(BH, nB, BS).amin(dim=-1)
+        general = (cmin[:, :, : nB - 1] > minsuf[:, :, None]) & (idx[None, :nB - 1] >= idx[:, None])[None]
+        i0 = (idx[None, :] + 1 + general.sum(dim=-1)).to(torch.int32).contiguous()
         _k._fpa_bwd_dq_kernel[(nB, BH)](
             q, k, v, do, dq,
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
@@ -137,13 +144,10 @@ class _FPAFunction(torch.autograd.Function):
             v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
             dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
             lse, delta_ex, phip, psip, suf, zsuf, pre, zpre, bmin, zblk, beta,
-            dphi_k, dpsi, dbeta, kappa, cpart,
+            dphi_k, dpsi, dbeta, kappa, cpart, i0,
             T, H, Tp, nB, scale, thr_f,
             BS=BS, D=D, SKIP=skip, PREC=prec, **cfg,
         )
-        # CMIN[J, L] = min of block minima over (J, L]
-        idx = torch.arange(nB, device=dev)
-        cmin = torch.where(idx[None, :] > idx[:, None], bmin[:, None, :], _k.FAR_VALUE).cummin(dim=-1).values
         _k._fpa_mid_kernel[(nB, BH)](kappa, cmin.contiguous(), bmin, phip, pre, cpart, dphi_m, Tp, nB, BS=BS, CB=32)
         dphi = (dphi_k + dphi_m).view(B, H, Tp)[:, :, :T].permute(0, 2, 1)
         dpsi_out = dpsi.view(B, H, Tp)[:, :, :T].permute(0, 2, 1)

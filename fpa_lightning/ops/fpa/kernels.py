@@ -145,13 +145,54 @@ def _dkdv_tile(k, v, Q, DO, LSE, DELTA, PRE, ZPRE, KAPPA, CPART, b, h, bh, J, I,
     g = tl.where(dlt < 0.0, dsT * beta, 0.0)
     dpsi -= tl.sum(g, axis=1)
     dbeta += tl.sum(dsT * tl.minimum(dlt, 0.0), axis=1)
-    e1 = tl.exp(Mt - suf[:, None])
-    e2 = tl.exp(Mt - mid)
-    e3 = tl.exp(Mt - pre_i[None, :])
+    e1 = tl.exp2((Mt - suf[:, None]) * LOG2E)
+    e2 = tl.exp2((Mt - mid) * LOG2E)
+    e3 = tl.exp2((Mt - pre_i[None, :]) * LOG2E)
     r = tl.fdiv(g, zsuf[:, None] * e1 + zmid * e2 + zpre_i[None, :] * e3)
     a += tl.sum(r * e1, axis=1)
     tl.store(CPART + (bh * nB + J) * Tp + offs_m, tl.sum(r * e3, axis=0))
     tl.store(KAPPA + (bh * nB + J) * nB + I, tl.sum(tl.sum(r * e2, axis=1), axis=0))
+    return dk, dv, a, dpsi, dbeta
+
+
+@triton.jit
+def _dkdv_tile_fast(k, v, Q, DO, LSE, DELTA, PRE, ZPRE, KAPPA, CPART, b, h, bh, J, I, nB, fbase, Tp, T,
+                    s_qb, s_qt, s_qh, s_ob, s_ot, s_oh, offs_d, BS: tl.constexpr,
+                    suf, zsuf, psi, mid, zmid, beta, sl2, bl2, dk, dv, a, dpsi, dbeta, PREC: tl.constexpr):
+    # Same sums as _dkdv_tile for a tile with mid(J, I) <= min_s suf_J(s): then M(s, t) = m_t =
+    # min(mid, pre_I(t)) does not depend on s, and with y_t = e^{m_t - mid} <= 1, e^{mid - suf_s} <= 1:
+    #   e1 = y_t e^{mid - suf_s},  e2 = y_t,  Z' = y_t (zsuf_s e^{mid - suf_s} + zmid) + zpre_t e3_t,
+    # so the only per-pair transcendental of the field part is one reciprocal.
+    offs_m = I * BS + tl.arange(0, BS)
+    row_ok = offs_m < T
+    q = tl.load(Q + b * s_qb + h * s_qh + offs_m[:, None] * s_qt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    do = tl.load(DO + b * s_ob + h * s_oh + offs_m[:, None] * s_ot + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    lse = tl.load(LSE + fbase + offs_m)
+    delta = tl.load(DELTA + fbase + offs_m)
+    pre_i = tl.load(PRE + fbase + offs_m)
+    zpre_i = tl.load(ZPRE + fbase + offs_m)
+    m_t = tl.minimum(pre_i, mid)
+    y = tl.exp2((m_t - mid) * LOG2E)
+    e3 = tl.exp2((m_t - pre_i) * LOG2E)
+    w = zpre_i * e3
+    es = tl.exp2((mid - suf) * LOG2E)
+    x = zsuf * es + zmid
+    dlt = m_t[None, :] - psi[:, None]
+    sT = tl.dot(k, tl.trans(q), input_precision=PREC) * sl2 + tl.minimum(dlt, 0.0) * bl2
+    pT = tl.exp2(sT - lse[None, :])
+    pT = tl.where(row_ok[None, :], pT, 0.0)
+    dv += tl.dot(pT.to(do.dtype), do, input_precision=PREC)
+    dpT = tl.dot(v, tl.trans(do), input_precision=PREC)
+    dsT = pT * (dpT - delta[None, :])
+    dk += tl.dot(dsT.to(q.dtype), q, input_precision=PREC)
+    g = tl.where(dlt < 0.0, dsT * beta, 0.0)
+    dpsi -= tl.sum(g, axis=1)
+    dbeta += tl.sum(dsT * tl.minimum(dlt, 0.0), axis=1)
+    r = tl.fdiv(g, x[:, None] * y[None, :] + w[None, :])
+    a += tl.sum(r * y[None, :], axis=1) * es
+    col = tl.sum(r, axis=0)
+    tl.store(CPART + (bh * nB + J) * Tp + offs_m, col * e3)
+    tl.store(KAPPA + (bh * nB + J) * nB + I, tl.sum(col * y, axis=0))
     return dk, dv, a, dpsi, dbeta
 
 
@@ -300,7 +341,7 @@ def _fpa_bwd_dkdv_kernel(
     s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_ot, s_oh,
     s_dkb, s_dkt, s_dkh, s_dvb, s_dvt, s_dvh,
     LSE, DELTA, PHIP, PSIP, SUF, ZSUF, PRE, ZPRE, BMIN, ZBLK, BETA,
-    DPHI_K, DPSI, DBETA, KAPPA, CPART,
+    DPHI_K, DPSI, DBETA, KAPPA, CPART, I0S,
     T, H, Tp, nB, qk_scale, thr,
     BS: tl.constexpr, D: tl.constexpr, SKIP: tl.constexpr, PREC: tl.constexpr,
 ):
@@ -357,7 +398,10 @@ def _fpa_bwd_dkdv_kernel(
 
     mid = FAR
     zmid = 0.0
-    for I in range(J + 1, nB):
+    # Tiles I < I0 take the general three-piece path; from I0 on mid(J, I) <= min_s suf_J(s) holds
+    # (mid only falls as I grows, so the fast tiles are a suffix; I0 comes from the host).
+    I0 = tl.load(I0S + bh * nB + J)
+    for I in range(J + 1, I0):
         if SKIP:
             phi_start = tl.load(PHIP + fbase + I * BS)
             if _keep_tile(suf, psi, mid, phi_start, beta, thr):
@@ -369,6 +413,26 @@ def _fpa_bwd_dkdv_kernel(
                 tl.store(CPART + (bh * nB + J) * Tp + I * BS + tl.arange(0, BS), tl.zeros([BS], tl.float32))
         else:
             dk, dv, a, dpsi, dbeta = _dkdv_tile(
+                k, v, Q, DO, LSE, DELTA, PRE, ZPRE, KAPPA, CPART, b, h, bh, J, I, nB, fbase, Tp, T,
+                s_qb, s_qt, s_qh, s_ob, s_ot, s_oh, offs_d, BS,
+                suf, zsuf, psi, mid, zmid, beta, sl2, bl2, dk, dv, a, dpsi, dbeta, PREC)
+        bm = tl.load(BMIN + bh * nB + I)
+        zb = tl.load(ZBLK + bh * nB + I)
+        mid_new = tl.minimum(mid, bm)
+        zmid = zmid * tl.exp(mid_new - mid) + zb * tl.exp(mid_new - bm)
+        mid = mid_new
+    for I in range(I0, nB):
+        if SKIP:
+            phi_start = tl.load(PHIP + fbase + I * BS)
+            if _keep_tile(suf, psi, mid, phi_start, beta, thr):
+                dk, dv, a, dpsi, dbeta = _dkdv_tile_fast(
+                    k, v, Q, DO, LSE, DELTA, PRE, ZPRE, KAPPA, CPART, b, h, bh, J, I, nB, fbase, Tp, T,
+                    s_qb, s_qt, s_qh, s_ob, s_ot, s_oh, offs_d, BS,
+                    suf, zsuf, psi, mid, zmid, beta, sl2, bl2, dk, dv, a, dpsi, dbeta, PREC)
+            else:
+                tl.store(CPART + (bh * nB + J) * Tp + I * BS + tl.arange(0, BS), tl.zeros([BS], tl.float32))
+        else:
+            dk, dv, a, dpsi, dbeta = _dkdv_tile_fast(
                 k, v, Q, DO, LSE, DELTA, PRE, ZPRE, KAPPA, CPART, b, h, bh, J, I, nB, fbase, Tp, T,
                 s_qb, s_qt, s_qh, s_ob, s_ot, s_oh, offs_d, BS,
                 suf, zsuf, psi, mid, zmid, beta, sl2, bl2, dk, dv, a, dpsi, dbeta, PREC)

@@ -98,14 +98,37 @@ def make_methods(B, T, H, D, device):
     return methods
 
 
+def profile_kernels(args):
+    """Per-kernel CUDA time (ms, averaged over 5 steps) of fpa forward+backward, from torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for shp in args.shapes.split(","):
+        B, T = map(int, shp.split("x"))
+        for name in ("fpa", "fpa-skip10"):
+            f, leaves = make_methods(B, T, args.H, args.D, "cuda")[name]()
+            do = torch.randn(B, T, args.H, args.D, device="cuda", dtype=torch.bfloat16)
+            for _ in range(2):
+                f().backward(do)
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(5):
+                    f().backward(do)
+                torch.cuda.synchronize()
+            rows = sorted(((e.key, e.device_time_total / 5e3) for e in prof.key_averages()), key=lambda r: -r[1])
+            print(f"  {B}x{T} {name}: " + ", ".join(f"{k[:40]} {t:.3f}" for k, t in rows[:8]), flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="8x2048,4x4096,2x8192,1x16384")
     ap.add_argument("--H", type=int, default=12)
     ap.add_argument("--D", type=int, default=64)
     ap.add_argument("--methods", default="")
+    ap.add_argument("--profile", action="store_true", help="per-kernel CUDA times of one fpa fwd+bwd per shape")
     args = ap.parse_args()
     device = "cuda"
+    if args.profile:
+        return profile_kernels(args)
     print(f"GPU {torch.cuda.get_device_name()} | torch {torch.__version__} | triton {triton.__version__} | "
           f"{datetime.datetime.now().isoformat(timespec='seconds')}")
     rows = []

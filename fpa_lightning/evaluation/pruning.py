@@ -117,9 +117,8 @@ def _prune_block(
     stats.kept_pairs[layer] += int(kept_rows.sum())
     stats.causal_pairs[layer] += int(causal.sum()) * (kept_rows.numel() // (hi - lo))  # per (batch, head)
     stats.revived_pairs[layer] += int((evicted_rows & ~rejected & causal & (keys[None, :] != rows[:, None])).sum())
-    base = bias if bias is not None else torch.zeros(kept.shape, device=kept.device)
-    pruned = base.masked_fill(~kept, float("-inf"))
-    return pruned, evicted_rows.expand_as(kept)[..., -1, :]
+    # bias is a tensor here: the window rule always gets one (zeros for a layer without a bias)
+    return bias.masked_fill(~kept, float("-inf")), evicted_rows.expand_as(kept)[..., -1, :]
 
 
 def _pruned_forward(backend: AttentionBackend, rule: PruneRule, stats: KeptStats, layer: int):

@@ -9,18 +9,25 @@ TINY = dict(vocab_size=32000, n_layer=2, d_model=32, n_head=2, d_mlp=64, max_seq
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _isolated_cache_one_thread(tmp_path_factory):
-    """Tokenizer and corpus caches in a temp folder; one intra-op thread, since these tiny ops only lose
-    to thread synchronisation on a shared 2-core machine (restored afterwards)."""
-    old, threads = os.environ.get("FPA_CACHE_DIR"), torch.get_num_threads()
+def _isolated_cache(tmp_path_factory):
+    """Tokenizer and corpus caches in a temp folder, built once for the session."""
+    old = os.environ.get("FPA_CACHE_DIR")
     os.environ["FPA_CACHE_DIR"] = str(tmp_path_factory.mktemp("fpa_cache"))
-    torch.set_num_threads(1)
     yield
-    torch.set_num_threads(threads)
     if old is None:
         os.environ.pop("FPA_CACHE_DIR", None)
     else:
         os.environ["FPA_CACHE_DIR"] = old
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    """These tiny ops only lose to thread synchronisation on a shared 2-core machine; restored per module
+    so tests elsewhere keep their thread count."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def tiny_module(backend: str, seed: int = 0, **attention):

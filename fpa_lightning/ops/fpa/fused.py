@@ -146,7 +146,7 @@ class _FPAFunction(torch.autograd.Function):
             lse, delta_ex, phip, psip, suf, zsuf, pre, zpre, bmin, zblk, beta,
             dphi_k, dpsi, dbeta, kappa, cpart, i0,
             T, H, Tp, nB, scale, thr_f,
-            BS=BS, D=D, SKIP=skip, PREC=prec, **cfg,
+            BS=BS, D=D, SKIP=skip, PREC=prec, FAST=not _interpreting(), **cfg,
         )
         _k._fpa_mid_kernel[(nB, BH)](kappa, cmin.contiguous(), bmin, phip, pre, cpart, dphi_m, Tp, nB, BS=BS, CB=32)
         dphi = (dphi_k + dphi_m).view(B, H, Tp)[:, :, :T].permute(0, 2, 1)

@@ -39,6 +39,17 @@ def _maxsum_combine(r1, w1, r2, w2):
     return r, w1 * tl.exp(r1 - r) + w2 * tl.exp(r2 - r)
 
 
+@triton.jit
+def _recip(x, FAST: tl.constexpr):
+    # 1/x for x >= 1 (every normaliser Z' here is): one MUFU.RCP, no range scaling (div.full.f32
+    # costs ~8 extra instructions and predicate pressure). The interpreter has no inline asm.
+    if FAST:
+        return tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [x],
+                                         dtype=tl.float32, is_pure=True, pack=1)
+    else:
+        return 1.0 / x
+
+
 # ---------------------------------------------------------------------------------------------
 # prep: per-block prefix/suffix minima and their normalisers
 # ---------------------------------------------------------------------------------------------
@@ -123,7 +134,8 @@ def _dq_tile(q, do, K, V, b, h, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs
 @triton.jit
 def _dkdv_tile(k, v, Q, DO, LSE, DELTA, PRE, ZPRE, KAPPA, CPART, b, h, bh, J, I, nB, fbase, Tp, T,
                s_qb, s_qt, s_qh, s_ob, s_ot, s_oh, offs_d, BS: tl.constexpr,
-               suf, zsuf, psi, mid, zmid, beta, sl2, bl2, dk, dv, a, dpsi, dbeta, PREC: tl.constexpr):
+               suf, zsuf, psi, mid, zmid, beta, sl2, bl2, dk, dv, a, dpsi, dbeta, PREC: tl.constexpr,
+               FAST: tl.constexpr):
     # transposed tile [s (keys of J), t (queries of I)], J < I
     offs_m = I * BS + tl.arange(0, BS)
     row_ok = offs_m < T
@@ -148,7 +160,7 @@ def _dkdv_tile(k, v, Q, DO, LSE, DELTA, PRE, ZPRE, KAPPA, CPART, b, h, bh, J, I,
     e1 = tl.exp2((Mt - suf[:, None]) * LOG2E)
     e2 = tl.exp2((Mt - mid) * LOG2E)
     e3 = tl.exp2((Mt - pre_i[None, :]) * LOG2E)
-    r = tl.fdiv(g, zsuf[:, None] * e1 + zmid * e2 + zpre_i[None, :] * e3)
+    r = g * _recip(zsuf[:, None] * e1 + zmid * e2 + zpre_i[None, :] * e3, FAST)
     a += tl.sum(r * e1, axis=1)
     tl.store(CPART + (bh * nB + J) * Tp + offs_m, tl.sum(r * e3, axis=0))
     tl.store(KAPPA + (bh * nB + J) * nB + I, tl.sum(tl.sum(r * e2, axis=1), axis=0))
@@ -158,7 +170,8 @@ def _dkdv_tile(k, v, Q, DO, LSE, DELTA, PRE, ZPRE, KAPPA, CPART, b, h, bh, J, I,
 @triton.jit
 def _dkdv_tile_fast(k, v, Q, DO, LSE, DELTA, PRE, ZPRE, KAPPA, CPART, b, h, bh, J, I, nB, fbase, Tp, T,
                     s_qb, s_qt, s_qh, s_ob, s_ot, s_oh, offs_d, BS: tl.constexpr,
-                    suf, zsuf, psi, mid, zmid, beta, sl2, bl2, dk, dv, a, dpsi, dbeta, PREC: tl.constexpr):
+                    suf, zsuf, psi, mid, zmid, beta, sl2, bl2, dk, dv, a, dpsi, dbeta, PREC: tl.constexpr,
+               FAST: tl.constexpr):
     # Same sums as _dkdv_tile for a tile with mid(J, I) <= min_s suf_J(s): then M(s, t) = m_t =
     # min(mid, pre_I(t)) does not depend on s, and with y_t = e^{m_t - mid} <= 1, e^{mid - suf_s} <= 1:
     #   e1 = y_t e^{mid - suf_s},  e2 = y_t,  Z' = y_t (zsuf_s e^{mid - suf_s} + zmid) + zpre_t e3_t,
@@ -188,7 +201,7 @@ def _dkdv_tile_fast(k, v, Q, DO, LSE, DELTA, PRE, ZPRE, KAPPA, CPART, b, h, bh, 
     g = tl.where(dlt < 0.0, dsT * beta, 0.0)
     dpsi -= tl.sum(g, axis=1)
     dbeta += tl.sum(dsT * tl.minimum(dlt, 0.0), axis=1)
-    r = tl.fdiv(g, x[:, None] * y[None, :] + w[None, :])
+    r = g * _recip(x[:, None] * y[None, :] + w[None, :], FAST)
     a += tl.sum(r * y[None, :], axis=1) * es
     col = tl.sum(r, axis=0)
     tl.store(CPART + (bh * nB + J) * Tp + offs_m, col * e3)
@@ -343,7 +356,7 @@ def _fpa_bwd_dkdv_kernel(
     LSE, DELTA, PHIP, PSIP, SUF, ZSUF, PRE, ZPRE, BMIN, ZBLK, BETA,
     DPHI_K, DPSI, DBETA, KAPPA, CPART, I0S,
     T, H, Tp, nB, qk_scale, thr,
-    BS: tl.constexpr, D: tl.constexpr, SKIP: tl.constexpr, PREC: tl.constexpr,
+    BS: tl.constexpr, D: tl.constexpr, SKIP: tl.constexpr, PREC: tl.constexpr, FAST: tl.constexpr,
 ):
     J = tl.program_id(0)
     bh = tl.program_id(1)
@@ -408,14 +421,14 @@ def _fpa_bwd_dkdv_kernel(
                 dk, dv, a, dpsi, dbeta = _dkdv_tile(
                     k, v, Q, DO, LSE, DELTA, PRE, ZPRE, KAPPA, CPART, b, h, bh, J, I, nB, fbase, Tp, T,
                     s_qb, s_qt, s_qh, s_ob, s_ot, s_oh, offs_d, BS,
-                    suf, zsuf, psi, mid, zmid, beta, sl2, bl2, dk, dv, a, dpsi, dbeta, PREC)
+                    suf, zsuf, psi, mid, zmid, beta, sl2, bl2, dk, dv, a, dpsi, dbeta, PREC, FAST)
             else:
                 tl.store(CPART + (bh * nB + J) * Tp + I * BS + tl.arange(0, BS), tl.zeros([BS], tl.float32))
         else:
             dk, dv, a, dpsi, dbeta = _dkdv_tile(
                 k, v, Q, DO, LSE, DELTA, PRE, ZPRE, KAPPA, CPART, b, h, bh, J, I, nB, fbase, Tp, T,
                 s_qb, s_qt, s_qh, s_ob, s_ot, s_oh, offs_d, BS,
-                suf, zsuf, psi, mid, zmid, beta, sl2, bl2, dk, dv, a, dpsi, dbeta, PREC)
+                suf, zsuf, psi, mid, zmid, beta, sl2, bl2, dk, dv, a, dpsi, dbeta, PREC, FAST)
         bm = tl.load(BMIN + bh * nB + I)
         zb = tl.load(ZBLK + bh * nB + I)
         mid_new = tl.minimum(mid, bm)
@@ -428,14 +441,14 @@ def _fpa_bwd_dkdv_kernel(
                 dk, dv, a, dpsi, dbeta = _dkdv_tile_fast(
                     k, v, Q, DO, LSE, DELTA, PRE, ZPRE, KAPPA, CPART, b, h, bh, J, I, nB, fbase, Tp, T,
                     s_qb, s_qt, s_qh, s_ob, s_ot, s_oh, offs_d, BS,
-                    suf, zsuf, psi, mid, zmid, beta, sl2, bl2, dk, dv, a, dpsi, dbeta, PREC)
+                    suf, zsuf, psi, mid, zmid, beta, sl2, bl2, dk, dv, a, dpsi, dbeta, PREC, FAST)
             else:
                 tl.store(CPART + (bh * nB + J) * Tp + I * BS + tl.arange(0, BS), tl.zeros([BS], tl.float32))
         else:
             dk, dv, a, dpsi, dbeta = _dkdv_tile_fast(
                 k, v, Q, DO, LSE, DELTA, PRE, ZPRE, KAPPA, CPART, b, h, bh, J, I, nB, fbase, Tp, T,
                 s_qb, s_qt, s_qh, s_ob, s_ot, s_oh, offs_d, BS,
-                suf, zsuf, psi, mid, zmid, beta, sl2, bl2, dk, dv, a, dpsi, dbeta, PREC)
+                suf, zsuf, psi, mid, zmid, beta, sl2, bl2, dk, dv, a, dpsi, dbeta, PREC, FAST)
         bm = tl.load(BMIN + bh * nB + I)
         zb = tl.load(ZBLK + bh * nB + I)
         mid_new = tl.minimum(mid, bm)

@@ -84,23 +84,22 @@ class LanguageModel(L.LightningModule):
         self.optim = optim
         self.model = Decoder(model)
         self.val_loss = MeanMetric()
-        self.attention_impls: list[str] | None = None  # resolved in setup(), per layer
         self._window_start: float | None = None
         self._window_tokens = 0
         self._last_step = 0
 
     def setup(self, stage: str) -> None:
         """Resolve each layer's attention implementation on the run's device (an impossible request raises
-        here, before training) and record it: in every logger's hparams and in each checkpoint."""
-        self.attention_impls = self.model.attention_impls(self.trainer.strategy.root_device)
-        rank_zero_info(f"attention implementation per layer: {self.attention_impls}")
-        # Not in self.hparams: LightningCLI's --ckpt_path feeds a checkpoint's hparams back into the
-        # constructor's arguments, where a key that is not an argument is a parse error.
-        for logger in self.loggers:
-            logger.log_hyperparams({"attention_impls": self.attention_impls})
+        here, before training) and record it in hparams, which the loggers receive, and in checkpoints."""
+        impls = self.model.attention_impls(self.trainer.strategy.root_device)
+        rank_zero_info(f"attention implementation per layer: {impls}")
+        # Saving again also refreshes hparams_initial: the loggers get one set, the impls included.
+        self.save_hyperparameters({**self.hparams, "attention_impls": impls})
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        checkpoint["attention_impls"] = self.attention_impls
+        # LightningCLI's --ckpt_path feeds a checkpoint's hyper-parameters back into the constructor's
+        # arguments, and attention_impls is not one: it is kept beside them.
+        checkpoint["attention_impls"] = checkpoint["hyper_parameters"].pop("attention_impls", None)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids)

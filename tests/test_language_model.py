@@ -104,7 +104,7 @@ def test_steps_reduce_loss_and_the_run_records_the_impl(tmp_path):
     assert recorder.losses[0] == pytest.approx(math.log(VOCAB), abs=0.3)  # near uniform at initialisation
     assert recorder.losses[-1] < recorder.losses[0] - 1.0
     # Layer 0 has no FPA bias (bias_layers=[1]): plain softmax there, FPA's naive path in layer 1.
-    assert lm.attention_impls == ["softmax:naive", "fpa:naive"]
+    assert lm.hparams["attention_impls"] == ["softmax:naive", "fpa:naive"]
     logged = yaml.safe_load((tmp_path / "lightning_logs" / "version_0" / "hparams.yaml").read_text())
     assert logged["attention_impls"] == ["softmax:naive", "fpa:naive"]
     assert logged["model"]["attention"]["bias_layers"] == [1]
@@ -123,7 +123,9 @@ def test_checkpoint_round_trip(tmp_path):
     trainer, _ = fit(lm, 3, tmp_path)
     path = tmp_path / "model.ckpt"
     trainer.save_checkpoint(path)
-    assert torch.load(path, weights_only=True)["attention_impls"] == ["fox:chunked", "fox:chunked"]
+    saved = torch.load(path, weights_only=True)
+    assert saved["attention_impls"] == ["fox:chunked", "fox:chunked"]
+    assert "attention_impls" not in saved["hyper_parameters"]  # not a constructor argument (LightningCLI resume)
     loaded = LanguageModel.load_from_checkpoint(path, map_location="cpu")  # hparams are plain dicts
     assert loaded.model.cfg == lm.model.cfg and loaded.optim == lm.optim
     inputs = torch.randint(0, VOCAB, (2, 32))

@@ -8,6 +8,7 @@ import time
 import pytest
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
 
 from train import main
 
@@ -21,13 +22,21 @@ def scalars(version_dir: pathlib.Path) -> dict[str, dict[int, float]]:
     return {tag: {e.step: e.value for e in events.Scalars(tag)} for tag in events.Tags()["scalars"]}
 
 
+def tensorboard_hparams(version_dir: pathlib.Path) -> set[str]:
+    events = EventAccumulator(str(version_dir))
+    events.Reload()
+    content = events.PluginTagToContent("hparams")["_hparams_/session_start_info"]
+    return set(HParamsPluginData.FromString(content).session_start_info.hparams)
+
+
 def test_quickstart_smoke(tmp_path, monkeypatch):
     """The quickstart config (model shrunk to 2 x d64 on 64-token rows, for time) for 4 steps, validating
     twice, with its callbacks: logs, checkpoints, the recorded attention implementation."""
     monkeypatch.chdir(tmp_path)
-    main(["fit", "--config", str(QUICKSTART), "--trainer.max_steps=4", "--trainer.val_check_interval=2",
-                "--trainer.log_every_n_steps=2", "--data.init_args.max_val_batches=1", "--data.init_args.seq_len=64",
-                "--model.model.n_layer=2", "--model.model.d_model=64", "--model.model.n_head=1", "--model.model.d_mlp=128"])
+    main(["fit", "--config", str(QUICKSTART),
+          "--trainer.max_steps=4", "--trainer.val_check_interval=2", "--trainer.log_every_n_steps=2",
+          "--data.init_args.max_val_batches=1", "--data.init_args.seq_len=64",
+          "--model.model.n_layer=2", "--model.model.d_model=64", "--model.model.n_head=1", "--model.model.d_mlp=128"])
     run = tmp_path / "runs" / "quickstart" / "version_0"
     logged = scalars(run)
     for tag in ("train/loss", "train/lr", "train/tokens_per_s", "val/loss", "val/ppl"):
@@ -35,6 +44,7 @@ def test_quickstart_smoke(tmp_path, monkeypatch):
     assert len(logged["val/loss"]) == 2 and all(v > 0 for v in logged["train/tokens_per_s"].values())
     assert any(t.startswith("heads/") for t in logged) and any(t.startswith("long_context/") for t in logged)
     assert yaml.safe_load((run / "hparams.yaml").read_text())["attention_impls"] == ["fpa:chunked"] * 2
+    assert {"attention_impls", "model/attention/backend", "optim/lr", "seq_len"} <= tensorboard_hparams(run)
     assert (run / "config.yaml").is_file() and (run / "checkpoints" / "last.ckpt").is_file()
 
 

@@ -3,7 +3,7 @@
     PYTHONPATH=. python benchmarks/attention.py [--shapes 8x2048,4x4096,2x8192,1x16384] [--H 12] [--D 64]
 
 Methods: sdpa-flash, sdpa-cudnn (torch.nn.attention.sdpa_kernel), fox (FlexAttention), fpa (fused,
-no skipping), fpa-skip10 (skip_threshold=-10), and if importable the lead's selective and dcp ops.
+no skipping), fpa-skip10 (skip_threshold=-10), selective and dcp (layer-shared bias through SDPA).
 Inputs are fresh random non-zero tensors, bf16; FPA uses realistic walks: increments δ with a
 negative mean (−0.02 per token) and noise (0.3), φ = W + g, ψ = W + h, β = 1, so most old keys are
 dead, as in a trained model. Every time is also printed as a ratio to sdpa-flash from the same run.
@@ -75,26 +75,22 @@ def make_methods(B, T, H, D, device):
     methods["fpa"] = lambda: fpa(None)
     methods["fpa-skip10"] = lambda: fpa(-10.0)
 
-    try:
-        from fpa_lightning.ops.selective import selective_attention_gpu  # noqa: F401
+    def selective():
+        from fpa_lightning.ops.selective import selective_attention_gpu
 
-        def sel():
-            q, k, v = qkv()
-            return (lambda: selective_attention_gpu(q, k, v)), (q, k, v)
+        q, k, v = qkv()
+        return (lambda: selective_attention_gpu(q, k, v)), (q, k, v)
 
-        methods["selective"] = sel
-    except Exception as e:  # the lead's op may not exist yet
-        print(f"note: selective_attention_gpu not benchmarked ({type(e).__name__}: {e})")
-    try:
-        from fpa_lightning.ops.dcp import dcp_attention_gpu  # noqa: F401
+    def dcp(r=32):
+        from fpa_lightning.ops.dcp import dcp_attention_gpu
 
-        def dcp():
-            q, k, v = qkv()
-            return (lambda: dcp_attention_gpu(q, k, v)), (q, k, v)
+        q, k, v = qkv()
+        qi, ki = (torch.randn(B, T, r, device=device).requires_grad_() for _ in range(2))
+        offset = torch.tensor(0.9, device=device, requires_grad=True)
+        return (lambda: dcp_attention_gpu(q, k, v, qi, ki, offset)), (q, k, v, qi, ki, offset)
 
-        methods["dcp"] = dcp
-    except Exception as e:
-        print(f"note: dcp_attention_gpu not benchmarked ({type(e).__name__}: {e})")
+    methods["selective"] = selective
+    methods["dcp"] = dcp
     return methods
 
 

@@ -4,7 +4,10 @@ The model is ``modules.LanguageModel``; ``data`` takes any ``datamodules.TextDat
 (``data.class_path``). Every run gets a TensorBoard logger under ``runs/<name>/version_<n>`` (the YAML
 names it), a ModelCheckpoint (``checkpoint.*``: the best by ``val/loss`` plus ``last.ckpt``, in the
 logger's ``checkpoints/`` folder) and its resolved ``config.yaml``. Resume with ``--ckpt_path <file>``.
-YAML values may use ``${...}`` interpolation (omegaconf), resolved when the config is parsed.
+``model.model.max_seq_len`` is not set by hand: it is linked to ``data.init_args.seq_len``. Precision is
+``trainer.precision``, set explicitly in each YAML (bf16-mixed for the GPU configs, 32-true for the CPU
+quickstart). YAML values may use ``${...}`` interpolation (omegaconf) to keys of the same file,
+resolved at parse time.
 """
 from __future__ import annotations
 

@@ -52,11 +52,11 @@ def measure(backend: str, args) -> dict:
         callbacks=[timer], enable_model_summary=False,
     )
     trainer.fit(module, datamodule=data)
-    tokens = timer.timed_steps * args.batch_size * 2048
+    tokens = timer.timed_steps * args.batch_size * data.seq_len
     seconds = timer.end - timer.start
     return {
         "backend": backend,
-        "impls": sorted(set(module.model.attention_impls("cuda"))),
+        "impls": sorted(set(module.hparams["attention_impls"])),  # what ran, as recorded by the module
         "params_M": round(module.model.num_parameters() / 1e6, 2),
         "timed_steps": timer.timed_steps,
         "tokens_per_s": tokens / seconds,

@@ -67,6 +67,12 @@ def decays(name: str, param: torch.nn.Parameter) -> bool:
     return param.ndim >= 2 and ".gates." not in name and not name.startswith("embed.")
 
 
+def fused_adamw_applies(device_type: str, precision: str) -> bool:
+    """Fused AdamW on CUDA, except under fp16 mixed precision, whose gradient scaler it would unscale
+    internally, after gradient clipping has already seen the scaled gradients."""
+    return device_type == "cuda" and not precision.startswith("16")
+
+
 class LanguageModel(L.LightningModule):
     """Trains ``Decoder(model)`` on batches ``{input_ids, labels}`` (B, T) with next-token cross-entropy.
 
@@ -145,6 +151,19 @@ class LanguageModel(L.LightningModule):
 
     # --- optimizer ------------------------------------------------------------------------------------
 
+    def use_fused_adamw(self) -> bool:
+        return fused_adamw_applies(self.device.type, str(self.trainer.precision))
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+        # Lightning refuses to clip for any fused optimizer under mixed precision (the fp16 case above). Under
+        # bf16-mixed there is no scaler, the gradients are the true ones, and clipping them here is exact.
+        if not optimizer.defaults.get("fused") or not gradient_clip_val:
+            return super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        if gradient_clip_algorithm == "value":
+            torch.nn.utils.clip_grad_value_(self.parameters(), gradient_clip_val)
+        else:
+            torch.nn.utils.clip_grad_norm_(self.parameters(), gradient_clip_val)
+
     def configure_optimizers(self):
         params = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
         groups = [
@@ -152,7 +171,7 @@ class LanguageModel(L.LightningModule):
             {"params": [p for n, p in params if not decays(n, p)], "weight_decay": 0.0},
         ]
         optimizer = torch.optim.AdamW(groups, lr=self.optim.lr, betas=self.optim.betas, eps=self.optim.eps,
-                                      fused=self.device.type == "cuda")
+                                      fused=self.use_fused_adamw())
         total = self.trainer.max_steps
         if total is None or total < 1:
             raise ValueError("set trainer.max_steps: the cosine schedule ends there (the train stream is endless)")

@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader
 
 from fpa_lightning import AttentionConfig, ModelConfig
 from modules import LanguageModel, OptimConfig
-from modules.language_model import lr_factor
+from modules.language_model import fused_adamw_applies, lr_factor
 
 VOCAB = 97
 
@@ -132,3 +132,37 @@ def test_checkpoint_round_trip(tmp_path):
     lm.eval(), loaded.eval()
     with torch.no_grad():
         assert torch.equal(loaded(inputs), lm(inputs))
+
+
+class FusedOnCpu(LanguageModel):
+    """Fused AdamW as on a GPU (torch's fused AdamW also runs on the CPU), recording the gradient norm after
+    clipping, to exercise the bf16-mixed path of the 110M configs."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.clipped_norms: list[float] = []
+
+    def use_fused_adamw(self) -> bool:
+        return True
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        grads = [p.grad.float().norm() for p in self.parameters() if p.grad is not None]
+        self.clipped_norms.append(torch.stack(grads).norm().item())
+
+
+def test_fused_adamw_with_bf16_mixed_clips_gradients(tmp_path):
+    """Lightning refuses to clip for a fused optimizer under mixed precision; the 110M configs use exactly that
+    (bf16-mixed, fused AdamW, clipping 1.0), so LanguageModel clips itself. The norm must come out at the bound."""
+    lm = FusedOnCpu(tiny_config(), OptimConfig(warmup_steps=1))
+    trainer = L.Trainer(max_steps=3, accelerator="cpu", devices=1, precision="bf16-mixed", gradient_clip_val=1e-3,
+                        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(lm, train_dataloaders=fixed_batch_loader(3))
+    assert trainer.optimizers[0].defaults["fused"]
+    assert len(lm.clipped_norms) == 3 and max(lm.clipped_norms) <= 1e-3 * (1 + 1e-3)
+
+
+def test_fused_adamw_only_on_cuda_without_fp16_scaling():
+    assert fused_adamw_applies("cuda", "bf16-mixed") and fused_adamw_applies("cuda", "32-true")
+    assert not fused_adamw_applies("cuda", "16-mixed")
+    assert not fused_adamw_applies("cpu", "bf16-mixed")

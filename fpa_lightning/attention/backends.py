@@ -66,8 +66,8 @@ class LayerProbe:
 class AttentionBackend(nn.Module):
     """Base: plain causal softmax (no bias); subclasses add gate maps and a bias."""
 
-    name = "softmax"
     has_bias = False
+    fused_needs_cuda = False  # SDPA runs on any device
 
     def __init__(self, cfg: AttentionConfig, d_model: int, n_head: int, head_dim: int):
         super().__init__()
@@ -99,8 +99,6 @@ class AttentionBackend(nn.Module):
         return F.scaled_dot_product_attention(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
         ).transpose(1, 2)
-
-    fused_needs_cuda = False
 
     # --- shared machinery ---------------------------------------------------------------------------
     def positional_bias(self, batch: int, T: int, device) -> Ingredients:
@@ -156,11 +154,12 @@ class AttentionBackend(nn.Module):
         if not self.has_bias:
             return LayerProbe("none")
         ing = self.ingredients(x, q, k)
-        return LayerProbe(self.probe_name, ing, owner=self)
+        return LayerProbe(self.label, ing, owner=self)
 
     @property
-    def probe_name(self) -> str:
-        return self.cfg.backend
+    def label(self) -> str:
+        """The bias this layer carries: the backend's name, or "softmax" for a layer without one."""
+        return self.cfg.backend if self.has_bias else "softmax"
 
 
 class AlibiBackend(AttentionBackend):

@@ -51,11 +51,13 @@ def max_err(a, b):
     return (a - b).abs().max().item()
 
 
-def check_against_reference(inputs, do, dtype, device, *, factor=2.0, **kw):
+def check_against_reference(inputs, do, dtype, device, *, factor=2.0, names=NAMES, **kw):
     ref = run(naive_fpa_attention, inputs, do, torch.float64, device)
     same = run(naive_fpa_attention, inputs, do, dtype, device)
     got = run(fpa_attention, inputs, do, dtype, device, **kw)
     for name, r, s, g in zip(NAMES, ref, same, got):
+        if name not in names:
+            continue
         assert torch.isfinite(g).all(), f"{name}: non-finite values"
         e_k, e_t = max_err(g, r), max_err(s, r)
         # floor: a few ulps of the tensor's scale in the working precision (fp32 accumulators)
@@ -207,11 +209,17 @@ def test_gpu_bf16_random_shapes(shape):
 
 
 @pytest.mark.gpu
-@pytest.mark.xfail(reason="open: in fp16 the kernel's dbeta error (8e-2) is ~4.5x the fp16 torch error (1.8e-2) "
-                   "at T=600 (bf16 passes everywhere); see benchmarks/KERNEL_LOG.md", strict=False)
 def test_gpu_fp16():
     inputs, do = make_inputs(2, 600, 2, 64, drift=-0.1, seed=11)
-    check_against_reference(inputs, do, torch.float16, "cuda")
+    check_against_reference(inputs, do, torch.float16, "cuda", names=[n for n in NAMES if n != "dbeta"])
+
+
+@pytest.mark.gpu
+@pytest.mark.xfail(reason="open: in fp16 the kernel's dbeta error (8e-2) is ~4.5x the fp16 torch error (1.8e-2) "
+                   "at T=600 (bf16 passes everywhere); see benchmarks/KERNEL_LOG.md", strict=True)
+def test_gpu_fp16_dbeta():
+    inputs, do = make_inputs(2, 600, 2, 64, drift=-0.1, seed=11)
+    check_against_reference(inputs, do, torch.float16, "cuda", names=["dbeta"])
 
 
 @pytest.mark.gpu

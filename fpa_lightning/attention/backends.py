@@ -120,6 +120,14 @@ class AttentionBackend(nn.Module):
             bias = alibi if bias is None else bias + alibi
         return bias
 
+    def bias_ingredients(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> Ingredients:
+        """Everything the bias of this layer needs: the gate maps' ingredients (outside autocast, so float32)
+        and the positional ALiBi term if configured."""
+        with torch.autocast(q.device.type, enabled=False):
+            ing = self.ingredients(x, q, k)
+        ing.update(self.positional_bias(q.shape[0], q.shape[1], q.device))
+        return ing
+
     def resolve_impl(self, device: torch.device) -> str:
         """The implementation that will run on `device`; raises for a request that cannot be met."""
         impl, reason = self.cfg.impl, self.fused_unavailable()
@@ -139,9 +147,7 @@ class AttentionBackend(nn.Module):
     def forward(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q, k, v (B, T, H, D) -> (B, T, H, D)."""
         impl = self.resolve_impl(q.device)
-        with torch.autocast(q.device.type, enabled=False):
-            ing = self.ingredients(x, q, k)
-        ing.update(self.positional_bias(q.shape[0], q.shape[1], q.device))
+        ing = self.bias_ingredients(x, q, k)
         if impl == "fused":
             return self.fused(q, k, v, ing)
         if impl == "naive":

@@ -125,9 +125,7 @@ def _pruned_forward(backend: AttentionBackend, rule: PruneRule, stats: KeptStats
     """A replacement for ``backend.forward``: the chunked path with the rule applied to every bias block."""
 
     def forward(x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        with torch.autocast(q.device.type, enabled=False):
-            ing = backend.ingredients(x, q, k)
-        ing.update(backend.positional_bias(q.shape[0], q.shape[1], q.device))
+        ing = backend.bias_ingredients(x, q, k)
 
         def bias_block(lo: int, hi: int, carry):
             inner, evicted = carry if carry is not None else (None, None)

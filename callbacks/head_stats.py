@@ -16,32 +16,15 @@ Definitions (every backend, from its bias b[t, s]; for FPA b = β·min(0, min_{s
   through the field step φ_t − φ_{t−1} = δ_t + g_t − g_{t−1} and the level step ψ_t − ψ_{t−1} (both equal δ_t
   in the stack form g = h = 0): mean and std per head over batch rows and t ≥ 1.
 
-Biases are consumed as row blocks (lo, bias rows lo..lo+R−1 over keys 0..lo+R−1), so a long sequence is never
+Biases are consumed as row blocks (LayerProbe.row_blocks: lo, bias rows lo..lo+R−1 over keys 0..lo+R−1), so a long sequence is never
 materialised as (T, T); a layer-shared bias (Selective Attention, DCP) has a head dimension of 1.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
-
-from fpa_lightning.attention import LayerProbe
-
-
-def bias_row_blocks(probe: LayerProbe, block_size: int = 256) -> Iterator[tuple[int, torch.Tensor]]:
-    """The probe's bias as (lo, rows lo..hi−1 over keys 0..hi−1), each (B, H or 1, hi − lo, hi), −inf where s > t.
-
-    One pass over the sequence: LayerProbe.bias(lo, hi) recomputes every earlier block for its carry, so taking
-    rows in chunks through it would cost O(T²) per chunk; here each block is computed once, in order.
-    """
-    T = next(iter(probe.ingredients.values())).shape[1]
-    carry = None
-    for lo in range(0, T, block_size):
-        hi = min(T, lo + block_size)
-        block, carry = probe.owner.bias_block(probe.ingredients, lo, hi, carry)
-        rows = torch.arange(lo, hi, device=block.device)[:, None]
-        yield lo, block.masked_fill(torch.arange(hi, device=block.device)[None, :] > rows, float("-inf"))
 
 
 def document_starts(segment_ids: torch.Tensor) -> torch.Tensor:

@@ -16,7 +16,6 @@ from lightning.pytorch.utilities import rank_zero_info
 from callbacks.dashboard import WALK_KINDS, layer_tag, new_figure, tensorboard_writer, write_layout_once
 from callbacks.head_stats import (
     LayerSurvival,
-    bias_row_blocks,
     count_nonsuffix_heads,
     layer_survival,
     pooled_boundary_ratio,
@@ -73,7 +72,7 @@ def measure_heads(
         for layer, probe in enumerate(model.probe(input_ids)):
             if probe.backend == "none":
                 continue
-            stats = layer_survival(bias_row_blocks(probe, block_size), segment_ids, query_start, threshold)
+            stats = layer_survival(probe.row_blocks(block_size), segment_ids, query_start, threshold)
             report.layers[layer] = _per_head(stats, n_head)
             if probe.backend == "fpa":
                 report.beta[layer] = probe.ingredients["beta"].double().cpu()

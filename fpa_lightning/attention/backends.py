@@ -11,6 +11,7 @@ inner op, available as
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -46,21 +47,31 @@ class LayerProbe:
     ingredients: Ingredients = field(default_factory=dict)
     owner: "AttentionBackend | None" = None
 
+    def row_blocks(self, block_size: int = 256, end: int | None = None) -> Iterator[tuple[int, torch.Tensor]]:
+        """The bias in one pass, block by block: (lo, rows lo..hi-1 over keys 0..hi-1 as (B, H or 1, hi − lo, hi),
+        −inf where s > t), up to row `end` (default T). Each block is computed once, its carry passed on."""
+        T = next(iter(self.ingredients.values())).shape[1]
+        end = T if end is None else end
+        carry = None
+        for lo in range(0, end, block_size):
+            hi = min(end, lo + block_size)
+            block, carry = self.owner.bias_block(self.ingredients, lo, hi, carry)
+            rows = torch.arange(lo, hi, device=block.device)[:, None]
+            yield lo, block.masked_fill(torch.arange(hi, device=block.device)[None, :] > rows, float("-inf"))
+
     def bias(self, lo: int = 0, hi: int | None = None, block_size: int = 256) -> torch.Tensor | None:
-        """Bias rows lo..hi-1 over keys 0..hi-1: (B, H or 1, hi − lo, hi), −inf where s > t; None without a bias."""
+        """Bias rows lo..hi-1 over keys 0..hi-1: (B, H or 1, hi − lo, hi), −inf where s > t; None without a bias.
+
+        Every block before `lo` is computed too (a carry can need them): to stream all rows, use row_blocks."""
         if self.owner is None or self.backend == "none":
             return None
-        T = next(iter(self.ingredients.values())).shape[1]
-        hi = T if hi is None else hi
-        rows, carry = [], None
-        for start in range(0, hi, block_size):  # the carry needs every earlier block
-            stop = min(hi, start + block_size)
-            block, carry = self.owner.bias_block(self.ingredients, start, stop, carry)
-            if stop > lo:
-                rows.append(F.pad(block, (0, hi - stop))[..., max(lo, start) - start :, :])
-        bias = torch.cat(rows, dim=-2)
-        t = torch.arange(lo, hi, device=bias.device)[:, None]
-        return bias.masked_fill(torch.arange(hi, device=bias.device)[None, :] > t, float("-inf"))
+        hi = next(iter(self.ingredients.values())).shape[1] if hi is None else hi
+        rows = [
+            F.pad(block, (0, hi - block.shape[-1]), value=float("-inf"))[..., max(lo - start, 0) :, :]
+            for start, block in self.row_blocks(block_size, end=hi)
+            if start + block.shape[-2] > lo
+        ]
+        return torch.cat(rows, dim=-2)
 
 
 class AttentionBackend(nn.Module):

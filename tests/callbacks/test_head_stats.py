@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from callbacks.head_stats import (
-    bias_row_blocks,
     count_nonsuffix_heads,
     document_starts,
     layer_survival,
@@ -35,7 +34,7 @@ def hand_built_probe() -> LayerProbe:
 
 @pytest.mark.parametrize("block_size", [1, 2, 4, 6])  # carries across block edges must not change anything
 def test_hand_built_fpa_statistics(block_size):
-    stats = layer_survival(bias_row_blocks(hand_built_probe(), block_size), SEGMENTS, query_start=3)
+    stats = layer_survival(hand_built_probe().row_blocks(block_size), SEGMENTS, query_start=3)
     # queries 3, 4, 5: |A_t| / (t + 1)
     assert stats.alive_fraction.tolist() == pytest.approx([(2 / 4 + 3 / 5 + 4 / 6) / 3, (2 / 4 + 2 / 5 + 2 / 6) / 3])
     # head 0: A_3 = {0, 3}: suffix {3} -> 1/2; A_4 = {0, 3, 4}: suffix {3, 4} -> 1/3; A_5: suffix {3, 4, 5} -> 1/4
@@ -52,7 +51,7 @@ def test_hand_built_fpa_statistics(block_size):
 
 def test_threshold_zero_is_the_exact_alive_set():
     # head 1 with threshold 0: only the query's own key (b = 0) is alive, every key dies the step after
-    stats = layer_survival(bias_row_blocks(hand_built_probe(), 4), SEGMENTS, query_start=3, threshold=0.0)
+    stats = layer_survival(hand_built_probe().row_blocks(4), SEGMENTS, query_start=3, threshold=0.0)
     assert stats.alive_fraction[1].item() == pytest.approx((1 / 4 + 1 / 5 + 1 / 6) / 3)
     assert stats.boundary_ratio[1].item() == pytest.approx(1.0)
 

@@ -43,12 +43,19 @@ def _empty(shape, *, dtype, device):
     return torch.empty(shape, dtype=dtype, device=device)
 
 
-def _launch_cfg(D: int, bwd: bool):
+def _launch_cfg(D: int, kernel: str):
+    """Launch config per kernel ("fwd", "dq", "dkdv"). v5: every kernel runs one warpgroup (4 warps)
+    per 64-row tile. At 8 warps Triton lays the 64-row tiles out as warpsPerCTA [8, 1] (16 rows per
+    warp over 64 rows), so both warpgroups compute the same elements, and at 176-255 registers only
+    one CTA fits per SM; 4 warps allow 3 (dq, 168 registers) or 2 (dk/dv, 255) CTAs per SM.
+    FPA_DQ_WARPS / FPA_DKDV_WARPS / FPA_BWD_STAGES override the backward's config (A/B benchmarks only:
+    v4 was 8 warps, 2 stages for both)."""
     if _interpreting():
         return {}
-    if bwd:
-        return {"num_warps": 8, "num_stages": 2}
-    return {"num_warps": 4, "num_stages": 2}
+    if kernel == "fwd":
+        return {"num_warps": 4, "num_stages": 2}
+    warps = int(os.environ.get("FPA_DQ_WARPS" if kernel == "dq" else "FPA_DKDV_WARPS", 4))
+    return {"num_warps": warps, "num_stages": int(os.environ.get("FPA_BWD_STAGES", 2))}
 
 
 def _prep(phi, psi, BS):
@@ -89,7 +96,7 @@ class _FPAFunction(torch.autograd.Function):
             v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
             phip, psip, suf, pre, bmin, beta,
             T, H, Tp, nB, scale, float(thr) if skip else 0.0,
-            BS=BS, D=D, SKIP=skip, PREC=prec, STORE32=need_grad, **_launch_cfg(D, bwd=False),
+            BS=BS, D=D, SKIP=skip, PREC=prec, STORE32=need_grad, **_launch_cfg(D, "fwd"),
         )
         ctx.save_for_backward(q, k, v, o32, lse, phip, psip, suf, zsuf, pre, zpre, bmin, zblk, beta)
         ctx.cfg = (scale, thr, BS)
@@ -121,7 +128,6 @@ class _FPAFunction(torch.autograd.Function):
         dpsi = _empty((BH, Tp), dtype=torch.float32, device=dev)
         dbeta = _empty((BH, Tp), dtype=torch.float32, device=dev)
         kappa = torch.zeros((BH, nB, nB), dtype=torch.float32, device=dev)
-        cfg = _launch_cfg(D, bwd=True)
         # CMIN[J, L] = min of block minima over (J, L]; mid(J, I) = CMIN[J, I - 1]
         idx = torch.arange(nB, device=dev)
         cmin = torch.where(idx[None, :] > idx[:, None], bmin[:, None, :], _k.FAR_VALUE).cummin(dim=-1).values
@@ -136,7 +142,7 @@ class _FPAFunction(torch.autograd.Function):
             dq.stride(0), dq.stride(1), dq.stride(2),
             lse, delta, delta_ex, phip, psip, suf, pre, bmin, beta,
             T, H, Tp, nB, scale, thr_f,
-            BS=BS, D=D, SKIP=skip, PREC=prec, **cfg,
+            BS=BS, D=D, SKIP=skip, PREC=prec, **_launch_cfg(D, "dq"),
         )
         _k._fpa_bwd_dkdv_kernel[(nB, BH)](
             q, k, v, do, dk, dv,
@@ -146,7 +152,7 @@ class _FPAFunction(torch.autograd.Function):
             lse, delta_ex, phip, psip, suf, zsuf, pre, zpre, bmin, zblk, beta,
             dphi_k, dpsi, dbeta, kappa, cpart, i0,
             T, H, Tp, nB, scale, thr_f,
-            BS=BS, D=D, SKIP=skip, PREC=prec, FAST=not _interpreting(), **cfg,
+            BS=BS, D=D, SKIP=skip, PREC=prec, FAST=not _interpreting(), **_launch_cfg(D, "dkdv"),
         )
         _k._fpa_mid_kernel[(nB, BH)](kappa, cmin.contiguous(), bmin, phip, pre, cpart, dphi_m, Tp, nB, BS=BS, CB=32)
         dphi = (dphi_k + dphi_m).view(B, H, Tp)[:, :, :T].permute(0, 2, 1)

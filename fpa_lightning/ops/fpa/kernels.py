@@ -40,6 +40,11 @@ def _maxsum_combine(r1, w1, r2, w2):
 
 
 @triton.jit
+def _add3(a1, b1, c1, a2, b2, c2):
+    return a1 + a2, b1 + b2, c1 + c2
+
+
+@triton.jit
 def _recip(x, FAST: tl.constexpr):
     # 1/x for x >= 1 (every normaliser Z' here is): one MUFU.RCP, no range scaling (div.full.f32
     # costs ~8 extra instructions and predicate pressure). The interpreter has no inline asm.
@@ -116,14 +121,13 @@ def _fwd_tile(q, K, V, b, h, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d,
 
 
 @triton.jit
-def _dq_tile(q, do, K, V, b, h, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d, row_ok,
+def _dq_tile(q, do, K, V, b, h, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d,
              suf, psi, mid, pre_i, lse, delta, sl2, bl2, dq, dex, PREC: tl.constexpr):
     k = tl.load(K + b * s_kb + h * s_kh + offs_n[:, None] * s_kt + offs_d[None, :])
     v = tl.load(V + b * s_vb + h * s_vh + offs_n[:, None] * s_vt + offs_d[None, :])
     Mt = tl.minimum(tl.minimum(suf[None, :], mid), pre_i[:, None])
     s = tl.dot(q, tl.trans(k), input_precision=PREC) * sl2 + tl.minimum(Mt - psi[None, :], 0.0) * bl2
-    p = tl.exp2(s - lse[:, None])
-    p = tl.where(row_ok[:, None], p, 0.0)
+    p = tl.exp2(s - lse[:, None])  # 0 on padded rows (lse = +inf)
     dp = tl.dot(do, tl.trans(v), input_precision=PREC)
     ds = p * (dp - delta[:, None])
     dq += tl.dot(ds.to(k.dtype), k, input_precision=PREC)
@@ -136,7 +140,10 @@ def _dkdv_tile(k, v, Q, DO, LSE, DELTA, PRE, ZPRE, KAPPA, CPART, b, h, bh, J, I,
                s_qb, s_qt, s_qh, s_ob, s_ot, s_oh, offs_d, BS: tl.constexpr,
                suf, zsuf, psi, mid, zmid, beta, sl2, bl2, dk, dv, a, dpsi, dbeta, PREC: tl.constexpr,
                FAST: tl.constexpr):
-    # transposed tile [s (keys of J), t (queries of I)], J < I
+    # transposed tile [s (keys of J), t (queries of I)], J < I. Padded query rows (t >= T) have
+    # q = do = 0, lse = +inf and Delta = 0, so every pair term there is exactly 0 without a mask.
+    # beta is factored out of the per-pair work (g = beta * gm); the three row sums go through one
+    # tuple reduction.
     offs_m = I * BS + tl.arange(0, BS)
     row_ok = offs_m < T
     q = tl.load(Q + b * s_qb + h * s_qh + offs_m[:, None] * s_qt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
@@ -145,25 +152,35 @@ def _dkdv_tile(k, v, Q, DO, LSE, DELTA, PRE, ZPRE, KAPPA, CPART, b, h, bh, J, I,
     delta = tl.load(DELTA + fbase + offs_m)
     pre_i = tl.load(PRE + fbase + offs_m)
     zpre_i = tl.load(ZPRE + fbase + offs_m)
-    Mt = tl.minimum(tl.minimum(suf[:, None], mid), pre_i[None, :])
-    dlt = Mt - psi[:, None]
-    sT = tl.dot(k, tl.trans(q), input_precision=PREC) * sl2 + tl.minimum(dlt, 0.0) * bl2
+    # v5: one exp per pair for the three pieces. With m2_s = min(suf_s, mid), M = min(m2_s, pre_t) and
+    # d = pre_t - m2_s, E = e^{-|d|}: f = e^{M - m2} = (d < 0 ? E : 1), e3 = e^{M - pre} = (d < 0 ? 1 : E),
+    # e1 = f * rho1_s, e2 = f * rho2_s with rho1 = e^{m2 - suf} <= 1, rho2 = e^{m2 - mid} <= 1 (every
+    # exponent still <= 0), so Z' = f * X_s + zpre_t * e3 with X = zsuf * rho1 + zmid * rho2.
+    m2 = tl.minimum(suf, mid)
+    rho1 = tl.exp2((m2 - suf) * LOG2E)
+    rho2 = tl.exp2((m2 - mid) * LOG2E)
+    X = zsuf * rho1 + zmid * rho2
+    Mt = tl.minimum(m2[:, None], pre_i[None, :])
+    dlt = tl.minimum(Mt - psi[:, None], 0.0)
+    sT = tl.dot(k, tl.trans(q), input_precision=PREC) * sl2 + dlt * bl2
     pT = tl.exp2(sT - lse[None, :])
-    pT = tl.where(row_ok[None, :], pT, 0.0)
     dv += tl.dot(pT.to(do.dtype), do, input_precision=PREC)
     dpT = tl.dot(v, tl.trans(do), input_precision=PREC)
     dsT = pT * (dpT - delta[None, :])
     dk += tl.dot(dsT.to(q.dtype), q, input_precision=PREC)
-    g = tl.where(dlt < 0.0, dsT * beta, 0.0)
-    dpsi -= tl.sum(g, axis=1)
-    dbeta += tl.sum(dsT * tl.minimum(dlt, 0.0), axis=1)
-    e1 = tl.exp2((Mt - suf[:, None]) * LOG2E)
-    e2 = tl.exp2((Mt - mid) * LOG2E)
-    e3 = tl.exp2((Mt - pre_i[None, :]) * LOG2E)
-    r = g * _recip(zsuf[:, None] * e1 + zmid * e2 + zpre_i[None, :] * e3, FAST)
-    a += tl.sum(r * e1, axis=1)
-    tl.store(CPART + (bh * nB + J) * Tp + offs_m, tl.sum(r * e3, axis=0))
-    tl.store(KAPPA + (bh * nB + J) * nB + I, tl.sum(tl.sum(r * e2, axis=1), axis=0))
+    gm = tl.where(dlt < 0.0, dsT, 0.0)
+    d = pre_i[None, :] - m2[:, None]
+    E = tl.exp2(-tl.abs(d) * LOG2E)
+    neg = d < 0.0
+    f = tl.where(neg, E, 1.0)
+    e3 = tl.where(neg, 1.0, E)
+    r = gm * _recip(f * X[:, None] + zpre_i[None, :] * e3, FAST)
+    s_g, s_b, s_f = tl.reduce((gm, dsT * dlt, r * f), 1, _add3)
+    dpsi -= beta * s_g
+    dbeta += s_b
+    a += (beta * rho1) * s_f
+    tl.store(CPART + (bh * nB + J) * Tp + offs_m, beta * tl.sum(r * e3, axis=0))
+    tl.store(KAPPA + (bh * nB + J) * nB + I, beta * tl.sum(rho2 * s_f, axis=0))
     return dk, dv, a, dpsi, dbeta
 
 
@@ -274,7 +291,8 @@ def _fpa_fwd_kernel(
     tl.store(O + b * s_ob + h * s_oh + offs_m[:, None] * s_ot + offs_d[None, :], acc.to(O.dtype.element_ty), mask=row_ok[:, None])
     if STORE32:  # (B*H, Tp, D) fp32: the backward's rowsum(dO * O) without O's rounding
         tl.store(O32 + (fbase + offs_m[:, None]) * D + offs_d[None, :], acc)
-    tl.store(LSE + fbase + offs_m, m_i + tl.log2(l_i))  # log2 units
+    # log2 units; +inf on padded rows, so that the backward's p = exp2(s - lse) is 0 there unmasked
+    tl.store(LSE + fbase + offs_m, tl.where(row_ok, m_i + tl.log2(l_i), float("inf")))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -332,10 +350,10 @@ def _fpa_bwd_dq_kernel(
         psi = tl.load(PSIP + fbase + offs_n)
         if SKIP:
             if _keep_tile(suf, psi, mid, phi_start, beta, thr):
-                dq, dex = _dq_tile(q, do, K, V, b, h, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d, row_ok,
+                dq, dex = _dq_tile(q, do, K, V, b, h, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d,
                               suf, psi, mid, pre_i, lse, delta, sl2, bl2, dq, dex, PREC)
         else:
-            dq, dex = _dq_tile(q, do, K, V, b, h, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d, row_ok,
+            dq, dex = _dq_tile(q, do, K, V, b, h, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d,
                           suf, psi, mid, pre_i, lse, delta, sl2, bl2, dq, dex, PREC)
         mid = tl.minimum(mid, tl.load(BMIN + bh * nB + J))
 
@@ -381,7 +399,8 @@ def _fpa_bwd_dkdv_kernel(
     dpsi = tl.zeros([BS], tl.float32)
     dbeta = tl.zeros([BS], tl.float32)
 
-    # diagonal block (I = J): rows t, columns s, both in this block
+    # diagonal block (I = J): rows t, columns s, both in this block. (Placing it after the tile loops
+    # cuts spills with Triton 3.9 but makes Triton 3.6 + ptxas serialize every wgmma (C7515): keep it first.)
     offs_m = offs_n
     row_ok = col_ok
     q = tl.load(Q + b * s_qb + h * s_qh + offs_m[:, None] * s_qt + offs_d[None, :], mask=row_ok[:, None], other=0.0)

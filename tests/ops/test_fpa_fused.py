@@ -51,6 +51,17 @@ def max_err(a, b):
     return (a - b).abs().max().item()
 
 
+def tile_paths(inputs):
+    """(fast, general) off-diagonal tile counts of the backward for these inputs (fused._tile_plan)."""
+    phi, psi = (t.to(DEV, torch.float32) for t in inputs[3:5])
+    BS = fused_mod._block_size(inputs[0].shape[-1], phi.shape[1])
+    suf, bmin = (fused_mod._prep(phi, psi, BS)[i] for i in (2, 6))
+    nB = bmin.shape[1]
+    j1 = fused_mod._tile_plan(suf, bmin, nB, BS)[1]
+    n_fast = int(j1.sum())
+    return n_fast, j1.shape[0] * nB * (nB - 1) // 2 - n_fast
+
+
 def check_against_reference(inputs, do, dtype, device, *, factor=2.0, names=NAMES, **kw):
     ref = run(naive_fpa_attention, inputs, do, torch.float64, device)
     same = run(naive_fpa_attention, inputs, do, dtype, device)
@@ -91,10 +102,12 @@ def test_wild_oscillation():
 
 @pytest.mark.parametrize("drift", [-0.3, 0.2])
 def test_many_blocks_fp32_matches_float64(drift):
-    # 10 blocks of 16 in the interpreter: far tiles take the key-major fast path (mid <= suf), near
-    # ones the general one. fp32 kernel vs float64: the field and level gradients to ~1e-5 relative.
+    # 10 blocks of 16 in the interpreter: far tiles take the fast path (mid <= suf), near ones the
+    # general one. fp32 kernel vs float64: the field and level gradients to ~1e-5 relative.
     T = 150 if not HAS_CUDA else 700
     inputs, do = make_inputs(1, T, 2, 16, drift=drift, step=1.5, seed=21)
+    n_fast, n_general = tile_paths(inputs)
+    assert n_fast > 0 and n_general > 0, f"only one path exercised: {n_fast} fast, {n_general} general tiles"
     got = check_against_reference(inputs, do, torch.float32, DEV)
     ref = run(naive_fpa_attention, inputs, do, torch.float64, DEV)
     for i in (4, 5, 6):  # dphi, dpsi, dbeta

@@ -76,6 +76,25 @@ def _prep(phi, psi, BS):
     return phip, psip, suf, zsuf, pre, zpre, bmin, zblk
 
 
+def _tile_plan(suf, bmin, nB, BS):
+    """CMIN[J, L] = min of block minima over (J, L] (so mid(J, I) = CMIN[J, I - 1]; FAR when empty),
+    and J1[I]: the query-major kernel walks J = I-1 .. 0 and takes the general path for J >= J1[I];
+    every tile below J1[I] has mid(J, I) <= min_s suf_J(s), the mid-dominated fast case."""
+    BH = suf.shape[0]
+    idx = torch.arange(nB, device=suf.device)
+    cmin = torch.where(idx[None, :] > idx[:, None], bmin[:, None, :], _k.FAR_VALUE).cummin(dim=-1).values
+    if nB == 1:
+        return cmin.contiguous(), torch.zeros((BH, 1), dtype=torch.int32, device=suf.device)
+    minsuf = suf.view(BH, nB, BS).amin(dim=-1)  # (BH, nB)
+    # general[bh, J, I] for I >= 1: mid(J, I) > min suf_J, for J < I only
+    general = (cmin[:, :, : nB - 1] > minsuf[:, :, None]) & (idx[:nB - 1][None, :] >= idx[:, None])[None]
+    any_general = general.any(dim=1)  # (BH, nB - 1), columns I = 1 .. nB-1
+    first = general.to(torch.uint8).argmax(dim=1)  # the first J with a general tile
+    j1 = torch.where(any_general, first, idx[1:][None, :])
+    j1 = torch.cat([torch.zeros((BH, 1), dtype=j1.dtype, device=suf.device), j1], dim=1)
+    return cmin.contiguous(), j1.to(torch.int32).contiguous()
+
+
 class _FPAFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, phi, psi, beta, scale, thr):
@@ -122,39 +141,36 @@ class _FPAFunction(torch.autograd.Function):
         dk = _empty(k.shape, dtype=k.dtype, device=dev)
         dv = _empty(v.shape, dtype=v.dtype, device=dev)
         delta_ex = _empty((BH, Tp), dtype=torch.float32, device=dev)
-        cpart = _empty((BH, nB, Tp), dtype=torch.float32, device=dev)
+        csum = _empty((BH, Tp), dtype=torch.float32, device=dev)
+        # a_s partials per (query block I, key position s); only I > block(s) is written and read
+        apart = _empty((BH, nB, Tp), dtype=torch.float32, device=dev)
         dphi_k = _empty((BH, Tp), dtype=torch.float32, device=dev)
         dphi_m = _empty((BH, Tp), dtype=torch.float32, device=dev)
         dpsi = _empty((BH, Tp), dtype=torch.float32, device=dev)
         dbeta = _empty((BH, Tp), dtype=torch.float32, device=dev)
         kappa = torch.zeros((BH, nB, nB), dtype=torch.float32, device=dev)
-        # CMIN[J, L] = min of block minima over (J, L]; mid(J, I) = CMIN[J, I - 1]
-        idx = torch.arange(nB, device=dev)
-        cmin = torch.where(idx[None, :] > idx[:, None], bmin[:, None, :], _k.FAR_VALUE).cummin(dim=-1).values
-        # I0[J]: first key-major tile with mid(J, I) <= min_s suf_J(s) (the fast tiles are a suffix)
-        minsuf = suf.view(BH, nB, BS).amin(dim=-1)
-        general = (cmin[:, :, : nB - 1] > minsuf[:, :, None]) & (idx[None, :nB - 1] >= idx[:, None])[None]
-        i0 = (idx[None, :] + 1 + general.sum(dim=-1)).to(torch.int32).contiguous()
+        cmin, j1 = _tile_plan(suf, bmin, nB, BS)
         _k._fpa_bwd_dq_kernel[(nB, BH)](
             q, k, v, do, dq,
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
             dq.stride(0), dq.stride(1), dq.stride(2),
-            lse, delta, delta_ex, phip, psip, suf, pre, bmin, beta,
+            lse, delta, delta_ex, phip, psip, suf, zsuf, pre, zpre, bmin, zblk, beta,
+            csum, apart, kappa, j1,
             T, H, Tp, nB, scale, thr_f,
-            BS=BS, D=D, SKIP=skip, PREC=prec, **_launch_cfg(D, "dq"),
+            BS=BS, D=D, SKIP=skip, PREC=prec, FAST=not _interpreting(), **_launch_cfg(D, "dq"),
         )
         _k._fpa_bwd_dkdv_kernel[(nB, BH)](
             q, k, v, do, dk, dv,
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
             dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
-            lse, delta_ex, phip, psip, suf, zsuf, pre, zpre, bmin, zblk, beta,
-            dphi_k, dpsi, dbeta, kappa, cpart, i0,
+            lse, delta_ex, phip, psip, suf, pre, bmin, beta,
+            dphi_k, dpsi, dbeta,
             T, H, Tp, nB, scale, thr_f,
-            BS=BS, D=D, SKIP=skip, PREC=prec, FAST=not _interpreting(), **_launch_cfg(D, "dkdv"),
+            BS=BS, D=D, SKIP=skip, PREC=prec, **_launch_cfg(D, "dkdv"),
         )
-        _k._fpa_mid_kernel[(nB, BH)](kappa, cmin.contiguous(), bmin, phip, pre, cpart, dphi_m, Tp, nB, BS=BS, CB=32)
+        _k._fpa_mid_kernel[(nB, BH)](kappa, cmin, bmin, phip, suf, pre, csum, apart, dphi_m, Tp, nB, BS=BS, CB=32)
         dphi = (dphi_k + dphi_m).view(B, H, Tp)[:, :, :T].permute(0, 2, 1)
         dpsi_out = dpsi.view(B, H, Tp)[:, :, :T].permute(0, 2, 1)
         dbeta_out = dbeta.view(B, H, Tp)[:, :, :T].sum(dim=(0, 2))

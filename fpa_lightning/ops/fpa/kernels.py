@@ -40,8 +40,8 @@ def _maxsum_combine(r1, w1, r2, w2):
 
 
 @triton.jit
-def _add3(a1, b1, c1, a2, b2, c2):
-    return a1 + a2, b1 + b2, c1 + c2
+def _add2(a1, b1, a2, b2):
+    return a1 + a2, b1 + b2
 
 
 @triton.jit
@@ -121,29 +121,67 @@ def _fwd_tile(q, K, V, b, h, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d,
 
 
 @triton.jit
-def _dq_tile(q, do, K, V, b, h, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d,
-             suf, psi, mid, pre_i, lse, delta, sl2, bl2, dq, dex, PREC: tl.constexpr):
+def _dq_tile(q, do, K, V, APART, KAPPA, b, h, bh, I, J, nB, fbase, Tp,
+             s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d,
+             suf, zsuf, psi, mid, zmid, pre_i, zpre_i, lse, delta, beta, sl2, bl2, dq, dex, c,
+             PREC: tl.constexpr, FAST: tl.constexpr, GENERAL: tl.constexpr):
+    # One off-diagonal tile [t (queries of I), s (keys of J)], J < I: dq, the exact Delta, and the
+    # field sums of KERNEL_NOTES.md step 2 (c_t accumulated here, a_s and kappa[J, I] stored).
+    # Padded query rows have lse = +inf, so p = ds = r = 0 there without a mask.
     k = tl.load(K + b * s_kb + h * s_kh + offs_n[:, None] * s_kt + offs_d[None, :])
     v = tl.load(V + b * s_vb + h * s_vh + offs_n[:, None] * s_vt + offs_d[None, :])
-    Mt = tl.minimum(tl.minimum(suf[None, :], mid), pre_i[:, None])
-    s = tl.dot(q, tl.trans(k), input_precision=PREC) * sl2 + tl.minimum(Mt - psi[None, :], 0.0) * bl2
-    p = tl.exp2(s - lse[:, None])  # 0 on padded rows (lse = +inf)
+    if GENERAL:
+        # M = min(m2_s, pre_t) with m2 = min(suf, mid); rho1 = e^{m2 - suf}, rho2 = e^{m2 - mid} (<= 1)
+        m2 = tl.minimum(suf, mid)
+        rho1 = tl.exp2((m2 - suf) * LOG2E)
+        rho2 = tl.exp2((m2 - mid) * LOG2E)
+        X = zsuf * rho1 + zmid * rho2
+        dlt = tl.minimum(m2[None, :], pre_i[:, None]) - psi[None, :]
+    else:
+        # mid(J, I) <= min_s suf_J(s): M(s, t) = m_t = min(mid, pre_t) does not depend on s
+        m_t = tl.minimum(pre_i, mid)
+        dlt = m_t[:, None] - psi[None, :]
+    s = tl.dot(q, tl.trans(k), input_precision=PREC) * sl2 + tl.minimum(dlt, 0.0) * bl2
+    p = tl.exp2(s - lse[:, None])
     dp = tl.dot(do, tl.trans(v), input_precision=PREC)
     ds = p * (dp - delta[:, None])
     dq += tl.dot(ds.to(k.dtype), k, input_precision=PREC)
     dex += tl.sum(p * dp, axis=1)
-    return dq, dex
+    gm = tl.where(dlt < 0.0, ds, 0.0)  # G / beta: the field gradient lives on dead pairs only
+    if GENERAL:
+        # one exp per pair: d = pre_t - m2_s, E = e^{-|d|}; f = e^{M - m2}, e3 = e^{M - pre}
+        d = pre_i[:, None] - m2[None, :]
+        E = tl.exp2(-tl.abs(d) * LOG2E)
+        neg = d < 0.0
+        f = tl.where(neg, E, 1.0)
+        e3 = tl.where(neg, 1.0, E)
+        r = gm * _recip(f * X[None, :] + zpre_i[:, None] * e3, FAST)
+        c += beta * tl.sum(r * e3, axis=1)
+        s_f = tl.sum(r * f, axis=0)
+        tl.store(APART + (bh * nB + I) * Tp + offs_n, (beta * rho1) * s_f)
+        tl.store(KAPPA + (bh * nB + J) * nB + I, beta * tl.sum(rho2 * s_f, axis=0))
+    else:
+        # y_t = e^{m_t - mid}, e3_t = e^{m_t - pre_t}, es_s = e^{mid - suf_s}: Z' = y_t x_s + zpre_t e3_t,
+        # so the only per-pair transcendental of the field part is one reciprocal
+        y = tl.exp2((m_t - mid) * LOG2E)
+        e3 = tl.exp2((m_t - pre_i) * LOG2E)
+        es = tl.exp2((mid - suf) * LOG2E)
+        x = zsuf * es + zmid
+        r = gm * _recip(y[:, None] * x[None, :] + (zpre_i * e3)[:, None], FAST)
+        row = tl.sum(r, axis=1)
+        c += beta * e3 * row
+        tl.store(KAPPA + (bh * nB + J) * nB + I, beta * tl.sum(y * row, axis=0))
+        tl.store(APART + (bh * nB + I) * Tp + offs_n, (beta * es) * tl.sum(r * y[:, None], axis=0))
+    return dq, dex, c
 
 
 @triton.jit
-def _dkdv_tile(k, v, Q, DO, LSE, DELTA, PRE, ZPRE, KAPPA, CPART, b, h, bh, J, I, nB, fbase, Tp, T,
+def _dkdv_tile(k, v, Q, DO, LSE, DELTA, PRE, b, h, I, fbase, T,
                s_qb, s_qt, s_qh, s_ob, s_ot, s_oh, offs_d, BS: tl.constexpr,
-               suf, zsuf, psi, mid, zmid, beta, sl2, bl2, dk, dv, a, dpsi, dbeta, PREC: tl.constexpr,
-               FAST: tl.constexpr):
-    # transposed tile [s (keys of J), t (queries of I)], J < I. Padded query rows (t >= T) have
-    # q = do = 0, lse = +inf and Delta = 0, so every pair term there is exactly 0 without a mask.
-    # beta is factored out of the per-pair work (g = beta * gm); the three row sums go through one
-    # tuple reduction.
+               psi, m2, beta, sl2, bl2, dk, dv, dpsi, dbeta, PREC: tl.constexpr):
+    # transposed tile [s (keys of J), t (queries of I)], J < I: flash dk/dv with the recomputed bias,
+    # plus the row sums of dpsi and dbeta. m2_s = min(suf_J(s), mid(J, I)), so M = min(m2_s, pre_t).
+    # Padded query rows (t >= T) have q = do = 0, lse = +inf and Delta = 0: every term there is 0.
     offs_m = I * BS + tl.arange(0, BS)
     row_ok = offs_m < T
     q = tl.load(Q + b * s_qb + h * s_qh + offs_m[:, None] * s_qt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
@@ -151,79 +189,17 @@ def _dkdv_tile(k, v, Q, DO, LSE, DELTA, PRE, ZPRE, KAPPA, CPART, b, h, bh, J, I,
     lse = tl.load(LSE + fbase + offs_m)
     delta = tl.load(DELTA + fbase + offs_m)
     pre_i = tl.load(PRE + fbase + offs_m)
-    zpre_i = tl.load(ZPRE + fbase + offs_m)
-    # v5: one exp per pair for the three pieces. With m2_s = min(suf_s, mid), M = min(m2_s, pre_t) and
-    # d = pre_t - m2_s, E = e^{-|d|}: f = e^{M - m2} = (d < 0 ? E : 1), e3 = e^{M - pre} = (d < 0 ? 1 : E),
-    # e1 = f * rho1_s, e2 = f * rho2_s with rho1 = e^{m2 - suf} <= 1, rho2 = e^{m2 - mid} <= 1 (every
-    # exponent still <= 0), so Z' = f * X_s + zpre_t * e3 with X = zsuf * rho1 + zmid * rho2.
-    m2 = tl.minimum(suf, mid)
-    rho1 = tl.exp2((m2 - suf) * LOG2E)
-    rho2 = tl.exp2((m2 - mid) * LOG2E)
-    X = zsuf * rho1 + zmid * rho2
-    Mt = tl.minimum(m2[:, None], pre_i[None, :])
-    dlt = tl.minimum(Mt - psi[:, None], 0.0)
+    dlt = tl.minimum(tl.minimum(m2[:, None], pre_i[None, :]) - psi[:, None], 0.0)
     sT = tl.dot(k, tl.trans(q), input_precision=PREC) * sl2 + dlt * bl2
     pT = tl.exp2(sT - lse[None, :])
     dv += tl.dot(pT.to(do.dtype), do, input_precision=PREC)
     dpT = tl.dot(v, tl.trans(do), input_precision=PREC)
     dsT = pT * (dpT - delta[None, :])
     dk += tl.dot(dsT.to(q.dtype), q, input_precision=PREC)
-    gm = tl.where(dlt < 0.0, dsT, 0.0)
-    d = pre_i[None, :] - m2[:, None]
-    E = tl.exp2(-tl.abs(d) * LOG2E)
-    neg = d < 0.0
-    f = tl.where(neg, E, 1.0)
-    e3 = tl.where(neg, 1.0, E)
-    r = gm * _recip(f * X[:, None] + zpre_i[None, :] * e3, FAST)
-    s_g, s_b, s_f = tl.reduce((gm, dsT * dlt, r * f), 1, _add3)
+    s_g, s_b = tl.reduce((tl.where(dlt < 0.0, dsT, 0.0), dsT * dlt), 1, _add2)
     dpsi -= beta * s_g
     dbeta += s_b
-    a += (beta * rho1) * s_f
-    tl.store(CPART + (bh * nB + J) * Tp + offs_m, beta * tl.sum(r * e3, axis=0))
-    tl.store(KAPPA + (bh * nB + J) * nB + I, beta * tl.sum(rho2 * s_f, axis=0))
-    return dk, dv, a, dpsi, dbeta
-
-
-@triton.jit
-def _dkdv_tile_fast(k, v, Q, DO, LSE, DELTA, PRE, ZPRE, KAPPA, CPART, b, h, bh, J, I, nB, fbase, Tp, T,
-                    s_qb, s_qt, s_qh, s_ob, s_ot, s_oh, offs_d, BS: tl.constexpr,
-                    suf, zsuf, psi, mid, zmid, beta, sl2, bl2, dk, dv, a, dpsi, dbeta, PREC: tl.constexpr,
-               FAST: tl.constexpr):
-    # Same sums as _dkdv_tile for a tile with mid(J, I) <= min_s suf_J(s): then M(s, t) = m_t =
-    # min(mid, pre_I(t)) does not depend on s, and with y_t = e^{m_t - mid} <= 1, e^{mid - suf_s} <= 1:
-    #   e1 = y_t e^{mid - suf_s},  e2 = y_t,  Z' = y_t (zsuf_s e^{mid - suf_s} + zmid) + zpre_t e3_t,
-    # so the only per-pair transcendental of the field part is one reciprocal.
-    offs_m = I * BS + tl.arange(0, BS)
-    row_ok = offs_m < T
-    q = tl.load(Q + b * s_qb + h * s_qh + offs_m[:, None] * s_qt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-    do = tl.load(DO + b * s_ob + h * s_oh + offs_m[:, None] * s_ot + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-    lse = tl.load(LSE + fbase + offs_m)
-    delta = tl.load(DELTA + fbase + offs_m)
-    pre_i = tl.load(PRE + fbase + offs_m)
-    zpre_i = tl.load(ZPRE + fbase + offs_m)
-    m_t = tl.minimum(pre_i, mid)
-    y = tl.exp2((m_t - mid) * LOG2E)
-    e3 = tl.exp2((m_t - pre_i) * LOG2E)
-    w = zpre_i * e3
-    es = tl.exp2((mid - suf) * LOG2E)
-    x = zsuf * es + zmid
-    dlt = m_t[None, :] - psi[:, None]
-    sT = tl.dot(k, tl.trans(q), input_precision=PREC) * sl2 + tl.minimum(dlt, 0.0) * bl2
-    pT = tl.exp2(sT - lse[None, :])
-    pT = tl.where(row_ok[None, :], pT, 0.0)
-    dv += tl.dot(pT.to(do.dtype), do, input_precision=PREC)
-    dpT = tl.dot(v, tl.trans(do), input_precision=PREC)
-    dsT = pT * (dpT - delta[None, :])
-    dk += tl.dot(dsT.to(q.dtype), q, input_precision=PREC)
-    g = tl.where(dlt < 0.0, dsT * beta, 0.0)
-    dpsi -= tl.sum(g, axis=1)
-    dbeta += tl.sum(dsT * tl.minimum(dlt, 0.0), axis=1)
-    r = g * _recip(x[:, None] * y[None, :] + w[None, :], FAST)
-    a += tl.sum(r * y[None, :], axis=1) * es
-    col = tl.sum(r, axis=0)
-    tl.store(CPART + (bh * nB + J) * Tp + offs_m, col * e3)
-    tl.store(KAPPA + (bh * nB + J) * nB + I, tl.sum(col * y, axis=0))
-    return dk, dv, a, dpsi, dbeta
+    return dk, dv, dpsi, dbeta
 
 
 # ---------------------------------------------------------------------------------------------
@@ -296,16 +272,21 @@ def _fpa_fwd_kernel(
 
 
 # ---------------------------------------------------------------------------------------------
-# backward, query-major: dq and the query-prefix field sums c_t (scattered at the end)
+# backward, query-major: dq, the exact Delta, and the off-diagonal field sums (c_t, a_s partials, kappa)
 # ---------------------------------------------------------------------------------------------
 @triton.jit
 def _fpa_bwd_dq_kernel(
     Q, K, V, DO, DQ,
     s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_ot, s_oh, s_dqb, s_dqt, s_dqh,
-    LSE, DELTA, DELTA_EX, PHIP, PSIP, SUF, PRE, BMIN, BETA,
+    LSE, DELTA, DELTA_EX, PHIP, PSIP, SUF, ZSUF, PRE, ZPRE, BMIN, ZBLK, BETA,
+    CSUM, APART, KAPPA, J1S,
     T, H, Tp, nB, qk_scale, thr,
-    BS: tl.constexpr, D: tl.constexpr, SKIP: tl.constexpr, PREC: tl.constexpr,
+    BS: tl.constexpr, D: tl.constexpr, SKIP: tl.constexpr, PREC: tl.constexpr, FAST: tl.constexpr,
 ):
+    # The field part lives here, not in the key-major kernel: this kernel's only tile accumulator is
+    # dq (the key-major one holds dk and dv), so the field temporaries fit in registers. c_t is a row
+    # quantity and stays in registers; a_s (a column quantity) is stored per (query block, key block)
+    # and summed in fixed order by the middle kernel, so the result is deterministic.
     I = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -323,10 +304,12 @@ def _fpa_bwd_dq_kernel(
     delta = tl.load(DELTA + fbase + offs_m)
     phi_i = tl.load(PHIP + fbase + offs_m)
     pre_i = tl.load(PRE + fbase + offs_m)
+    zpre_i = tl.load(ZPRE + fbase + offs_m)
     phi_start = tl.load(PHIP + fbase + I * BS)
     dq = tl.zeros([BS, D], tl.float32)
+    c = tl.zeros([BS], tl.float32)
 
-    # diagonal
+    # diagonal (its field gradient belongs to the key-major kernel)
     offs_n = offs_m
     k = tl.load(K + b * s_kb + h * s_kh + offs_n[:, None] * s_kt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
     v = tl.load(V + b * s_vb + h * s_vh + offs_n[:, None] * s_vt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
@@ -342,39 +325,79 @@ def _fpa_bwd_dq_kernel(
     # rowsum(P * dP) in fp32: the exact Delta for the key-major kernel (O's rounding of P cancels)
     dex = tl.sum(p * dp, axis=1)
 
+    # Off-diagonal tiles walk away from the diagonal (J = I-1 .. 0) so mid(J, I) and its normaliser
+    # zmid are running combines. Tiles J1 <= J < I take the general three-piece path; below J1 every
+    # tile has mid(J, I) <= min_s suf_J(s) (J1 comes from the host), so no branch sits in a loop.
     mid = FAR
-    for jj in range(0, I):
+    zmid = 0.0
+    J1 = tl.load(J1S + bh * nB + I)
+    for jj in range(0, I - J1):
         J = I - 1 - jj
         offs_n = J * BS + tl.arange(0, BS)
         suf = tl.load(SUF + fbase + offs_n)
+        zsuf = tl.load(ZSUF + fbase + offs_n)
         psi = tl.load(PSIP + fbase + offs_n)
         if SKIP:
             if _keep_tile(suf, psi, mid, phi_start, beta, thr):
-                dq, dex = _dq_tile(q, do, K, V, b, h, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d,
-                              suf, psi, mid, pre_i, lse, delta, sl2, bl2, dq, dex, PREC)
+                dq, dex, c = _dq_tile(q, do, K, V, APART, KAPPA, b, h, bh, I, J, nB, fbase, Tp,
+                                      s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d,
+                                      suf, zsuf, psi, mid, zmid, pre_i, zpre_i, lse, delta, beta, sl2, bl2,
+                                      dq, dex, c, PREC, FAST, True)
+            else:
+                tl.store(APART + (bh * nB + I) * Tp + offs_n, tl.zeros([BS], tl.float32))
         else:
-            dq, dex = _dq_tile(q, do, K, V, b, h, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d,
-                          suf, psi, mid, pre_i, lse, delta, sl2, bl2, dq, dex, PREC)
-        mid = tl.minimum(mid, tl.load(BMIN + bh * nB + J))
+            dq, dex, c = _dq_tile(q, do, K, V, APART, KAPPA, b, h, bh, I, J, nB, fbase, Tp,
+                                  s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d,
+                                  suf, zsuf, psi, mid, zmid, pre_i, zpre_i, lse, delta, beta, sl2, bl2,
+                                  dq, dex, c, PREC, FAST, True)
+        bm = tl.load(BMIN + bh * nB + J)
+        zb = tl.load(ZBLK + bh * nB + J)
+        mid_new = tl.minimum(mid, bm)
+        zmid = zmid * tl.exp(mid_new - mid) + zb * tl.exp(mid_new - bm)
+        mid = mid_new
+    for jj in range(I - J1, I):
+        J = I - 1 - jj
+        offs_n = J * BS + tl.arange(0, BS)
+        suf = tl.load(SUF + fbase + offs_n)
+        zsuf = tl.load(ZSUF + fbase + offs_n)
+        psi = tl.load(PSIP + fbase + offs_n)
+        if SKIP:
+            if _keep_tile(suf, psi, mid, phi_start, beta, thr):
+                dq, dex, c = _dq_tile(q, do, K, V, APART, KAPPA, b, h, bh, I, J, nB, fbase, Tp,
+                                      s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d,
+                                      suf, zsuf, psi, mid, zmid, pre_i, zpre_i, lse, delta, beta, sl2, bl2,
+                                      dq, dex, c, PREC, FAST, False)
+            else:
+                tl.store(APART + (bh * nB + I) * Tp + offs_n, tl.zeros([BS], tl.float32))
+        else:
+            dq, dex, c = _dq_tile(q, do, K, V, APART, KAPPA, b, h, bh, I, J, nB, fbase, Tp,
+                                  s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d,
+                                  suf, zsuf, psi, mid, zmid, pre_i, zpre_i, lse, delta, beta, sl2, bl2,
+                                  dq, dex, c, PREC, FAST, False)
+        bm = tl.load(BMIN + bh * nB + J)
+        zb = tl.load(ZBLK + bh * nB + J)
+        mid_new = tl.minimum(mid, bm)
+        zmid = zmid * tl.exp(mid_new - mid) + zb * tl.exp(mid_new - bm)
+        mid = mid_new
 
     tl.store(DQ + b * s_dqb + h * s_dqh + offs_m[:, None] * s_dqt + offs_d[None, :],
              (dq * qk_scale).to(DQ.dtype.element_ty), mask=row_ok[:, None])
     tl.store(DELTA_EX + fbase + offs_m, dex)
+    tl.store(CSUM + fbase + offs_m, c)
 
 
 # ---------------------------------------------------------------------------------------------
-# backward, key-major: dk, dv, dpsi, dbeta partials, key-suffix sums a_s, the middle scalars kappa,
-# and the diagonal block's field gradient
+# backward, key-major: dk, dv, dpsi and dbeta partials, and the diagonal block's field gradient
 # ---------------------------------------------------------------------------------------------
 @triton.jit
 def _fpa_bwd_dkdv_kernel(
     Q, K, V, DO, DK, DV,
     s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_ot, s_oh,
     s_dkb, s_dkt, s_dkh, s_dvb, s_dvt, s_dvh,
-    LSE, DELTA, PHIP, PSIP, SUF, ZSUF, PRE, ZPRE, BMIN, ZBLK, BETA,
-    DPHI_K, DPSI, DBETA, KAPPA, CPART, I0S,
+    LSE, DELTA, PHIP, PSIP, SUF, PRE, BMIN, BETA,
+    DPHI_K, DPSI, DBETA,
     T, H, Tp, nB, qk_scale, thr,
-    BS: tl.constexpr, D: tl.constexpr, SKIP: tl.constexpr, PREC: tl.constexpr, FAST: tl.constexpr,
+    BS: tl.constexpr, D: tl.constexpr, SKIP: tl.constexpr, PREC: tl.constexpr,
 ):
     J = tl.program_id(0)
     bh = tl.program_id(1)
@@ -392,15 +415,14 @@ def _fpa_bwd_dkdv_kernel(
     phi_j = tl.load(PHIP + fbase + offs_n)
     psi = tl.load(PSIP + fbase + offs_n)
     suf = tl.load(SUF + fbase + offs_n)
-    zsuf = tl.load(ZSUF + fbase + offs_n)
     dk = tl.zeros([BS, D], tl.float32)
     dv = tl.zeros([BS, D], tl.float32)
-    a = tl.zeros([BS], tl.float32)
     dpsi = tl.zeros([BS], tl.float32)
     dbeta = tl.zeros([BS], tl.float32)
 
-    # diagonal block (I = J): rows t, columns s, both in this block. (Placing it after the tile loops
-    # cuts spills with Triton 3.9 but makes Triton 3.6 + ptxas serialize every wgmma (C7515): keep it first.)
+    # diagonal block (I = J): rows t, columns s, both in this block, with its whole field gradient.
+    # (Placing it after the tile loop cuts spills with Triton 3.9 but makes Triton 3.6 + ptxas
+    # serialize every wgmma (C7515): keep it first.)
     offs_m = offs_n
     row_ok = col_ok
     q = tl.load(Q + b * s_qb + h * s_qh + offs_m[:, None] * s_qt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
@@ -429,71 +451,41 @@ def _fpa_bwd_dkdv_kernel(
     dphi = tl.sum(wdiag, axis=1)  # indexed by u (rows)
 
     mid = FAR
-    zmid = 0.0
-    # Tiles I < I0 take the general three-piece path; from I0 on mid(J, I) <= min_s suf_J(s) holds
-    # (mid only falls as I grows, so the fast tiles are a suffix; I0 comes from the host).
-    I0 = tl.load(I0S + bh * nB + J)
-    for I in range(J + 1, I0):
+    for I in range(J + 1, nB):
+        m2 = tl.minimum(suf, mid)
         if SKIP:
             phi_start = tl.load(PHIP + fbase + I * BS)
             if _keep_tile(suf, psi, mid, phi_start, beta, thr):
-                dk, dv, a, dpsi, dbeta = _dkdv_tile(
-                    k, v, Q, DO, LSE, DELTA, PRE, ZPRE, KAPPA, CPART, b, h, bh, J, I, nB, fbase, Tp, T,
+                dk, dv, dpsi, dbeta = _dkdv_tile(
+                    k, v, Q, DO, LSE, DELTA, PRE, b, h, I, fbase, T,
                     s_qb, s_qt, s_qh, s_ob, s_ot, s_oh, offs_d, BS,
-                    suf, zsuf, psi, mid, zmid, beta, sl2, bl2, dk, dv, a, dpsi, dbeta, PREC, FAST)
-            else:
-                tl.store(CPART + (bh * nB + J) * Tp + I * BS + tl.arange(0, BS), tl.zeros([BS], tl.float32))
+                    psi, m2, beta, sl2, bl2, dk, dv, dpsi, dbeta, PREC)
         else:
-            dk, dv, a, dpsi, dbeta = _dkdv_tile(
-                k, v, Q, DO, LSE, DELTA, PRE, ZPRE, KAPPA, CPART, b, h, bh, J, I, nB, fbase, Tp, T,
+            dk, dv, dpsi, dbeta = _dkdv_tile(
+                k, v, Q, DO, LSE, DELTA, PRE, b, h, I, fbase, T,
                 s_qb, s_qt, s_qh, s_ob, s_ot, s_oh, offs_d, BS,
-                suf, zsuf, psi, mid, zmid, beta, sl2, bl2, dk, dv, a, dpsi, dbeta, PREC, FAST)
-        bm = tl.load(BMIN + bh * nB + I)
-        zb = tl.load(ZBLK + bh * nB + I)
-        mid_new = tl.minimum(mid, bm)
-        zmid = zmid * tl.exp(mid_new - mid) + zb * tl.exp(mid_new - bm)
-        mid = mid_new
-    for I in range(I0, nB):
-        if SKIP:
-            phi_start = tl.load(PHIP + fbase + I * BS)
-            if _keep_tile(suf, psi, mid, phi_start, beta, thr):
-                dk, dv, a, dpsi, dbeta = _dkdv_tile_fast(
-                    k, v, Q, DO, LSE, DELTA, PRE, ZPRE, KAPPA, CPART, b, h, bh, J, I, nB, fbase, Tp, T,
-                    s_qb, s_qt, s_qh, s_ob, s_ot, s_oh, offs_d, BS,
-                    suf, zsuf, psi, mid, zmid, beta, sl2, bl2, dk, dv, a, dpsi, dbeta, PREC, FAST)
-            else:
-                tl.store(CPART + (bh * nB + J) * Tp + I * BS + tl.arange(0, BS), tl.zeros([BS], tl.float32))
-        else:
-            dk, dv, a, dpsi, dbeta = _dkdv_tile_fast(
-                k, v, Q, DO, LSE, DELTA, PRE, ZPRE, KAPPA, CPART, b, h, bh, J, I, nB, fbase, Tp, T,
-                s_qb, s_qt, s_qh, s_ob, s_ot, s_oh, offs_d, BS,
-                suf, zsuf, psi, mid, zmid, beta, sl2, bl2, dk, dv, a, dpsi, dbeta, PREC, FAST)
-        bm = tl.load(BMIN + bh * nB + I)
-        zb = tl.load(ZBLK + bh * nB + I)
-        mid_new = tl.minimum(mid, bm)
-        zmid = zmid * tl.exp(mid_new - mid) + zb * tl.exp(mid_new - bm)
-        mid = mid_new
+                psi, m2, beta, sl2, bl2, dk, dv, dpsi, dbeta, PREC)
+        mid = tl.minimum(mid, tl.load(BMIN + bh * nB + I))
 
     tl.store(DK + b * s_dkb + h * s_dkh + offs_n[:, None] * s_dkt + offs_d[None, :],
              (dk * qk_scale).to(DK.dtype.element_ty), mask=col_ok[:, None])
     tl.store(DV + b * s_dvb + h * s_dvh + offs_n[:, None] * s_dvt + offs_d[None, :],
              dv.to(DV.dtype.element_ty), mask=col_ok[:, None])
-    # scatter a: dphi_u += sum_{s < u in J} a_s exp(suf(s) - phi_u); tile [u, s]
-    idx = tl.arange(0, BS)
-    w = tl.where(idx[:, None] > idx[None, :], a[None, :] * tl.exp(tl.minimum(suf[None, :] - phi_j[:, None], 0.0)), 0.0)
-    dphi += tl.sum(w, axis=1)
     tl.store(DPHI_K + fbase + offs_n, dphi)
     tl.store(DPSI + fbase + offs_n, dpsi)
     tl.store(DBETA + fbase + offs_n, dbeta)
 
 
 # ---------------------------------------------------------------------------------------------
-# the middle scalar pass: dphi_u (u in K) += exp(bmin_K - phi_u) * sum_{J<K<I} kappa[J,I] exp(mid(J,I) - bmin_K)
-# with mid(J, I) = CMIN[J, I - 1], CMIN[J, L] = min of block minima over (J, L]
+# the scatter pass, per block K (KERNEL_NOTES.md step 3):
+#   middle: dphi_u += exp(bmin_K - phi_u) * sum_{J<K<I} kappa[J,I] exp(mid(J,I) - bmin_K)
+#           with mid(J, I) = CMIN[J, I - 1], CMIN[J, L] = min of block minima over (J, L]
+#   key suffix:   dphi_u += sum_{s < u in K} a_s exp(suf(s) - phi_u),   a_s = sum over I > K of APART
+#   query prefix: dphi_u += sum_{t >= u in K} c_t exp(pre(t) - phi_u)
 # ---------------------------------------------------------------------------------------------
 @triton.jit
 def _fpa_mid_kernel(
-    KAPPA, CMIN, BMIN, PHIP, PRE, CPART, DPHI_M,
+    KAPPA, CMIN, BMIN, PHIP, SUF, PRE, CSUM, APART, DPHI_M,
     Tp, nB,
     BS: tl.constexpr, CB: tl.constexpr,
 ):
@@ -513,12 +505,15 @@ def _fpa_mid_kernel(
     y = tl.sum(tl.sum(acc, axis=1), axis=0)
     offs = Kb * BS + tl.arange(0, BS)
     phi = tl.load(PHIP + bh * Tp + offs)
-    # query-prefix sums of this block, c_t = sum over key blocks J < K (fixed order: deterministic)
-    c = tl.zeros([BS], tl.float32)
-    for J in range(0, Kb):
-        c += tl.load(CPART + (bh * nB + J) * Tp + offs)
+    # key-suffix sums of this block, a_s = sum over query blocks I > K (fixed order: deterministic)
+    a = tl.zeros([BS], tl.float32)
+    for I in range(Kb + 1, nB):
+        a += tl.load(APART + (bh * nB + I) * Tp + offs)
+    c = tl.load(CSUM + bh * Tp + offs)
+    suf = tl.load(SUF + bh * Tp + offs)
     pre = tl.load(PRE + bh * Tp + offs)
     idx = tl.arange(0, BS)
-    # scatter c: dphi_u += sum_{t >= u in K} c_t exp(pre(t) - phi_u); tile [u, t]
-    w = tl.where(idx[None, :] >= idx[:, None], c[None, :] * tl.exp(tl.minimum(pre[None, :] - phi[:, None], 0.0)), 0.0)
-    tl.store(DPHI_M + bh * Tp + offs, y * tl.exp(bmin_k - phi) + tl.sum(w, axis=1))
+    # tiles [u, s] and [u, t]
+    wa = tl.where(idx[:, None] > idx[None, :], a[None, :] * tl.exp(tl.minimum(suf[None, :] - phi[:, None], 0.0)), 0.0)
+    wc = tl.where(idx[None, :] >= idx[:, None], c[None, :] * tl.exp(tl.minimum(pre[None, :] - phi[:, None], 0.0)), 0.0)
+    tl.store(DPHI_M + bh * Tp + offs, y * tl.exp(bmin_k - phi) + tl.sum(wa + wc, axis=1))

@@ -52,14 +52,23 @@ def max_err(a, b):
 
 
 def tile_paths(inputs):
-    """(fast, general) off-diagonal tile counts of the backward for these inputs (fused._tile_plan)."""
-    phi, psi = (t.to(DEV, torch.float32) for t in inputs[3:5])
+    """(fast, general) off-diagonal tile counts of the query-major backward kernel for these inputs.
+    A tile (J < I) may take the fast path when mid(J, I) = min phi over the blocks strictly between
+    is <= min_s suf_J(s); the kernel walks J = I-1 .. 0 and takes it below the lowest J that may not."""
+    phi = inputs[3]  # (B, T, H)
     BS = fused_mod._block_size(inputs[0].shape[-1], phi.shape[1])
-    suf, bmin = (fused_mod._prep(phi, psi, BS)[i] for i in (2, 6))
-    nB = bmin.shape[1]
-    j1 = fused_mod._tile_plan(suf, bmin, nB, BS)[1]
-    n_fast = int(j1.sum())
-    return n_fast, j1.shape[0] * nB * (nB - 1) // 2 - n_fast
+    nB = phi.shape[1] // BS  # whole blocks: every off-diagonal key block is whole
+    blocks = phi[:, : nB * BS].unflatten(1, (nB, BS))  # (B, nB, BS, H)
+    bmin = blocks.amin(dim=2)  # (B, nB, H)
+    minsuf = blocks[:, :, 1:].amin(dim=2)  # min_s suf_J(s): the last s of a block has an empty suffix
+    n_fast = n_tiles = 0
+    for I in range(1, -(-phi.shape[1] // BS)):
+        n_tiles += I * bmin[:, 0].numel()
+        for bh in range(bmin[:, 0].numel()):
+            b, h = divmod(bh, bmin.shape[-1])
+            general = [J for J in range(I) if I - J == 1 or bmin[b, J + 1: I, h].min() > minsuf[b, J, h]]
+            n_fast += min(general)
+    return n_fast, n_tiles - n_fast
 
 
 def check_against_reference(inputs, do, dtype, device, *, factor=2.0, names=NAMES, **kw):
@@ -113,6 +122,23 @@ def test_many_blocks_fp32_matches_float64(drift):
     for i in (4, 5, 6):  # dphi, dpsi, dbeta
         rel = max_err(got[i], ref[i]) / max(ref[i].abs().max().item(), 1e-30)
         assert rel < 1e-4, f"{NAMES[i]}: relative error {rel:.2e}"
+
+
+def test_strided_fields_match_contiguous():
+    # phi and psi as views with other strides than (B, T, H) contiguous: the same result
+    inputs, do = make_inputs(1, 37, 2, 16, drift=-0.4, seed=8)
+    q, k, v, phi, psi, beta = inputs
+    want = run(fpa_attention, inputs, do, torch.float32, DEV)
+
+    def fn(q, k, v, phi, psi, beta):
+        phi_t = phi.transpose(1, 2).contiguous().transpose(1, 2)  # strides (H*T, 1, T)
+        psi_2 = torch.stack([psi, torch.zeros_like(psi)], dim=-1).flatten(-2)[..., ::2]  # strides (2HT, 2H, 2)
+        assert not phi_t.is_contiguous() and not psi_2.is_contiguous()
+        return fpa_attention(q, k, v, phi_t, psi_2, beta)
+
+    got = run(fn, inputs, do, torch.float32, DEV)
+    for name, w, g in zip(NAMES, want, got):
+        assert torch.equal(w, g), name
 
 
 def test_all_alive_gives_exactly_zero_field_grads():

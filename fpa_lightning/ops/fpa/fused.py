@@ -37,62 +37,58 @@ def _block_size(D: int, T: int) -> int:
     return 64
 
 
+def _chunk() -> int:
+    """Blocks per vector step in the scalar passes over block minima (J1 and the middle sums); tiny in
+    the interpreter so that its small tests cross chunk boundaries."""
+    return 4 if _interpreting() else 32
+
+
 def _empty(shape, *, dtype, device):
     if POISON_OUTPUTS:
         return torch.full(shape, float("nan"), dtype=dtype, device=device)
     return torch.empty(shape, dtype=dtype, device=device)
 
 
+# One warpgroup (4 warps) per 64-row tile everywhere: at 8 warps Triton lays 64-row tiles out as
+# warpsPerCTA [8, 1], so both warpgroups would compute the same elements (KERNEL_LOG.md, v5).
+# Stages: 3 for the forward and dq kernels, 2 for dk/dv (H200 A/B, KERNEL_LOG.md v7).
+_LAUNCH = {
+    "fwd": {"num_warps": 4, "num_stages": 3},
+    "dq": {"num_warps": 4, "num_stages": 3},
+    "dkdv": {"num_warps": 4, "num_stages": 2},
+}
+
+
 def _launch_cfg(D: int, kernel: str):
-    """Launch config per kernel ("fwd", "dq", "dkdv"). v5: every kernel runs one warpgroup (4 warps)
-    per 64-row tile. At 8 warps Triton lays the 64-row tiles out as warpsPerCTA [8, 1] (16 rows per
-    warp over 64 rows), so both warpgroups compute the same elements, and at 176-255 registers only
-    one CTA fits per SM; 4 warps allow 3 (dq, 168 registers) or 2 (dk/dv, 255) CTAs per SM.
-    FPA_DQ_WARPS / FPA_DKDV_WARPS / FPA_BWD_STAGES override the backward's config (A/B benchmarks only:
-    v4 was 8 warps, 2 stages for both)."""
+    """Launch config of "fwd", "dq" or "dkdv". FPA_<KERNEL>_{WARPS,STAGES,MAXNREG} override it for
+    A/B benchmarks (benchmarks/attention.py); nothing else reads them."""
     if _interpreting():
         return {}
-    if kernel == "fwd":
-        return {"num_warps": 4, "num_stages": 2}
-    warps = int(os.environ.get("FPA_DQ_WARPS" if kernel == "dq" else "FPA_DKDV_WARPS", 4))
-    return {"num_warps": warps, "num_stages": int(os.environ.get("FPA_BWD_STAGES", 2))}
+    cfg = dict(_LAUNCH[kernel])
+    for key, suffix in (("num_warps", "WARPS"), ("num_stages", "STAGES"), ("maxnreg", "MAXNREG")):
+        value = os.environ.get(f"FPA_{kernel.upper()}_{suffix}")
+        if value:
+            cfg[key] = int(value)
+    return cfg
 
 
 def _prep(phi, psi, BS):
+    """Per-block field quantities in padded (B*H, Tp) / (B*H, nB) fp32 buffers:
+    phi, psi, suffix/prefix minima and their normalisers, block minima, their normalisers, and the
+    minimum of each block's suffix minima."""
     B, T, H = phi.shape
     nB = triton.cdiv(T, BS)
     Tp = nB * BS
     BH = B * H
     dev = phi.device
-    bufs = [_empty((BH, Tp), dtype=torch.float32, device=dev) for _ in range(6)]
-    bmin = _empty((BH, nB), dtype=torch.float32, device=dev)
-    zblk = _empty((BH, nB), dtype=torch.float32, device=dev)
-    phip, psip, suf, zsuf, pre, zpre = bufs
+    phip, psip, suf, zsuf, pre, zpre = (_empty((BH, Tp), dtype=torch.float32, device=dev) for _ in range(6))
+    bmin, zblk, minsuf = (_empty((BH, nB), dtype=torch.float32, device=dev) for _ in range(3))
     _k._fpa_prep_kernel[(nB, BH)](
         phi, psi, phi.stride(0), phi.stride(1), phi.stride(2),
-        phip, psip, suf, zsuf, pre, zpre, bmin, zblk,
-        T, H, Tp, nB, BS=BS,
+        phip, psip, suf, zsuf, pre, zpre, bmin, zblk, minsuf,
+        T, H, Tp, nB, BS=BS, **({} if _interpreting() else {"num_warps": 1}),
     )
-    return phip, psip, suf, zsuf, pre, zpre, bmin, zblk
-
-
-def _tile_plan(suf, bmin, nB, BS):
-    """CMIN[J, L] = min of block minima over (J, L] (so mid(J, I) = CMIN[J, I - 1]; FAR when empty),
-    and J1[I]: the query-major kernel walks J = I-1 .. 0 and takes the general path for J >= J1[I];
-    every tile below J1[I] has mid(J, I) <= min_s suf_J(s), the mid-dominated fast case."""
-    BH = suf.shape[0]
-    idx = torch.arange(nB, device=suf.device)
-    cmin = torch.where(idx[None, :] > idx[:, None], bmin[:, None, :], _k.FAR_VALUE).cummin(dim=-1).values
-    if nB == 1:
-        return cmin.contiguous(), torch.zeros((BH, 1), dtype=torch.int32, device=suf.device)
-    minsuf = suf.view(BH, nB, BS).amin(dim=-1)  # (BH, nB)
-    # general[bh, J, I] for I >= 1: mid(J, I) > min suf_J, for J < I only
-    general = (cmin[:, :, : nB - 1] > minsuf[:, :, None]) & (idx[:nB - 1][None, :] >= idx[:, None])[None]
-    any_general = general.any(dim=1)  # (BH, nB - 1), columns I = 1 .. nB-1
-    first = general.to(torch.uint8).argmax(dim=1)  # the first J with a general tile
-    j1 = torch.where(any_general, first, idx[1:][None, :])
-    j1 = torch.cat([torch.zeros((BH, 1), dtype=j1.dtype, device=suf.device), j1], dim=1)
-    return cmin.contiguous(), j1.to(torch.int32).contiguous()
+    return phip, psip, suf, zsuf, pre, zpre, bmin, zblk, minsuf
 
 
 class _FPAFunction(torch.autograd.Function):
@@ -102,7 +98,8 @@ class _FPAFunction(torch.autograd.Function):
         BS = _block_size(D, T)
         nB = triton.cdiv(T, BS)
         Tp = nB * BS
-        phip, psip, suf, zsuf, pre, zpre, bmin, zblk = _prep(phi, psi, BS)
+        prep = _prep(phi, psi, BS)
+        phip, psip, suf, zsuf, pre, zpre, bmin, zblk, minsuf = prep
         o = _empty((B, T, H, D), dtype=q.dtype, device=q.device)
         lse = _empty((B * H, Tp), dtype=torch.float32, device=q.device)
         skip = thr is not None
@@ -117,13 +114,13 @@ class _FPAFunction(torch.autograd.Function):
             T, H, Tp, nB, scale, float(thr) if skip else 0.0,
             BS=BS, D=D, SKIP=skip, PREC=prec, STORE32=need_grad, **_launch_cfg(D, "fwd"),
         )
-        ctx.save_for_backward(q, k, v, o32, lse, phip, psip, suf, zsuf, pre, zpre, bmin, zblk, beta)
+        ctx.save_for_backward(q, k, v, beta, o32, lse, *prep)
         ctx.cfg = (scale, thr, BS)
         return o
 
     @staticmethod
     def backward(ctx, do):
-        q, k, v, o32, lse, phip, psip, suf, zsuf, pre, zpre, bmin, zblk, beta = ctx.saved_tensors
+        q, k, v, beta, o32, lse, phip, psip, suf, zsuf, pre, zpre, bmin, zblk, minsuf = ctx.saved_tensors
         scale, thr, BS = ctx.cfg
         B, T, H, D = q.shape
         nB = triton.cdiv(T, BS)
@@ -135,46 +132,44 @@ class _FPAFunction(torch.autograd.Function):
         thr_f = float(thr) if skip else 0.0
         if do.stride(-1) != 1:
             do = do.contiguous()
-        delta = torch.zeros((BH, Tp), dtype=torch.float32, device=dev)
-        delta.view(B, H, Tp)[:, :, :T] = (do.float().permute(0, 2, 1, 3) * o32.view(B, H, Tp, D)[:, :, :T]).sum(-1)
         dq = _empty(q.shape, dtype=q.dtype, device=dev)
         dk = _empty(k.shape, dtype=k.dtype, device=dev)
         dv = _empty(v.shape, dtype=v.dtype, device=dev)
-        delta_ex = _empty((BH, Tp), dtype=torch.float32, device=dev)
+        delta = _empty((BH, Tp), dtype=torch.float32, device=dev)
         csum = _empty((BH, Tp), dtype=torch.float32, device=dev)
-        # a_s partials per (query block I, key position s); only I > block(s) is written and read
+        # a_s partials per (query block I, key position s) and kappa[J, I]: only J < I is written and read
         apart = _empty((BH, nB, Tp), dtype=torch.float32, device=dev)
-        dphi_k = _empty((BH, Tp), dtype=torch.float32, device=dev)
-        dphi_m = _empty((BH, Tp), dtype=torch.float32, device=dev)
+        kappa = _empty((BH, nB, nB), dtype=torch.float32, device=dev)
+        dphi = _empty((BH, Tp), dtype=torch.float32, device=dev)
         dpsi = _empty((BH, Tp), dtype=torch.float32, device=dev)
         dbeta = _empty((BH, Tp), dtype=torch.float32, device=dev)
-        kappa = torch.zeros((BH, nB, nB), dtype=torch.float32, device=dev)
-        cmin, j1 = _tile_plan(suf, bmin, nB, BS)
+        qkv_strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+                       v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))
         _k._fpa_bwd_dq_kernel[(nB, BH)](
-            q, k, v, do, dq,
-            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-            v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
-            dq.stride(0), dq.stride(1), dq.stride(2),
-            lse, delta, delta_ex, phip, psip, suf, zsuf, pre, zpre, bmin, zblk, beta,
-            csum, apart, kappa, j1,
+            q, k, v, do, dq, *qkv_strides, dq.stride(0), dq.stride(1), dq.stride(2),
+            lse, o32, delta, phip, psip, suf, zsuf, pre, zpre, bmin, zblk, minsuf, beta,
+            csum, apart, kappa,
             T, H, Tp, nB, scale, thr_f,
-            BS=BS, D=D, SKIP=skip, PREC=prec, FAST=not _interpreting(), **_launch_cfg(D, "dq"),
+            BS=BS, D=D, SKIP=skip, PREC=prec, FAST=not _interpreting(), CB=_chunk(), **_launch_cfg(D, "dq"),
         )
         _k._fpa_bwd_dkdv_kernel[(nB, BH)](
-            q, k, v, do, dk, dv,
-            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-            v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
+            q, k, v, do, dk, dv, *qkv_strides,
             dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
-            lse, delta_ex, phip, psip, suf, pre, bmin, beta,
-            dphi_k, dpsi, dbeta,
+            lse, delta, phip, psip, suf, pre, bmin, beta,
+            dpsi, dbeta,
             T, H, Tp, nB, scale, thr_f,
             BS=BS, D=D, SKIP=skip, PREC=prec, **_launch_cfg(D, "dkdv"),
         )
-        _k._fpa_mid_kernel[(nB, BH)](kappa, cmin, bmin, phip, suf, pre, csum, apart, dphi_m, Tp, nB, BS=BS, CB=32)
-        dphi = (dphi_k + dphi_m).view(B, H, Tp)[:, :, :T].permute(0, 2, 1)
+        _k._fpa_field_kernel[(nB, BH)](
+            q, k, v, do, *qkv_strides,
+            lse, delta, phip, psip, suf, pre, bmin, beta, kappa, csum, apart, dphi,
+            T, H, Tp, nB, scale,
+            BS=BS, D=D, CB=_chunk(), PREC=prec,
+        )
+        dphi_out = dphi.view(B, H, Tp)[:, :, :T].permute(0, 2, 1)
         dpsi_out = dpsi.view(B, H, Tp)[:, :, :T].permute(0, 2, 1)
         dbeta_out = dbeta.view(B, H, Tp)[:, :, :T].sum(dim=(0, 2))
-        return dq, dk, dv, dphi, dpsi_out, dbeta_out.to(beta.dtype), None, None
+        return dq, dk, dv, dphi_out, dpsi_out, dbeta_out.to(beta.dtype), None, None
 
 
 def _check(q, k, v, phi, psi, beta, scale, skip_threshold):
@@ -243,4 +238,5 @@ def fpa_attention(
         k = k.contiguous()
     if v.stride(-1) != 1:
         v = v.contiguous()
-    return _FPAFunction.apply(q, k, v, phi, psi, beta.contiguous(), scale, skip_threshold)
+    # one set of strides serves phi and psi in the kernels
+    return _FPAFunction.apply(q, k, v, phi.contiguous(), psi.contiguous(), beta.contiguous(), scale, skip_threshold)

@@ -61,31 +61,29 @@ def _recip(x, FAST: tl.constexpr):
 @triton.jit
 def _fpa_prep_kernel(
     PHI, PSI, s_pb, s_pt, s_ph,
-    PHIP, PSIP, SUF, ZSUF, PRE, ZPRE, BMIN, ZBLK,
+    PHIP, PSIP, SUF, ZSUF, PRE, ZPRE, BMIN, ZBLK, MINSUF,
     T, H, Tp, nB,
     BS: tl.constexpr,
 ):
+    # One block per program, all by scans over BS positions: (min, soft sum) pairs combine stably.
     blk = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
+    base_in = PHI + b * s_pb + h * s_ph
     offs = blk * BS + tl.arange(0, BS)
     valid = offs < T
-    phi = tl.load(PHI + b * s_pb + h * s_ph + offs * s_pt, mask=valid, other=FAR).to(tl.float32)
+    phi = tl.load(base_in + offs * s_pt, mask=valid, other=FAR).to(tl.float32)
     psi = tl.load(PSI + b * s_pb + h * s_ph + offs * s_pt, mask=valid, other=0.0).to(tl.float32)
-    idx = tl.arange(0, BS)
-    # suffix: suf[s] = min phi over (s, end]; tile [u, s]
-    after = idx[:, None] > idx[None, :]
-    tile_us = tl.where(after, phi[:, None], FAR)
-    suf = tl.min(tile_us, axis=0)
-    zsuf = tl.sum(tl.where(after, tl.exp(tl.minimum(suf[None, :] - phi[:, None], 0.0)), 0.0), axis=0)
-    # prefix: pre[t] = min phi over [start, t]; tile [t, u]
-    upto = idx[None, :] <= idx[:, None]
-    tile_tu = tl.where(upto, phi[None, :], FAR)
-    pre = tl.min(tile_tu, axis=1)
-    zpre = tl.sum(tl.where(upto, tl.exp(tl.minimum(pre[:, None] - phi[None, :], 0.0)), 0.0), axis=1)
+    one = tl.where(valid, 1.0, 0.0)
+    # prefix over [start, t]: pre = min phi, zpre = sum exp(pre - phi)
+    pre, zpre = tl.associative_scan((phi, one), 0, _minsum_combine)
+    # suffix over (s, end]: the same scan, reversed, over phi shifted by one position
+    nxt = offs + 1
+    nxt_ok = (nxt < (blk + 1) * BS) & (nxt < T)
+    phi_next = tl.load(base_in + nxt * s_pt, mask=nxt_ok, other=FAR).to(tl.float32)
+    suf, zsuf = tl.associative_scan((phi_next, tl.where(nxt_ok, 1.0, 0.0)), 0, _minsum_combine, reverse=True)
     bmin = tl.min(phi, axis=0)
-    zblk = tl.sum(tl.exp(bmin - phi), axis=0)
     base = bh * Tp + offs
     tl.store(PHIP + base, phi)
     tl.store(PSIP + base, psi)
@@ -94,7 +92,8 @@ def _fpa_prep_kernel(
     tl.store(PRE + base, pre)
     tl.store(ZPRE + base, zpre)
     tl.store(BMIN + bh * nB + blk, bmin)
-    tl.store(ZBLK + bh * nB + blk, zblk)
+    tl.store(ZBLK + bh * nB + blk, tl.sum(tl.exp(bmin - phi), axis=0))
+    tl.store(MINSUF + bh * nB + blk, tl.min(suf, axis=0))
 
 
 @triton.jit
@@ -123,10 +122,9 @@ def _fwd_tile(q, K, V, b, h, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d,
 @triton.jit
 def _dq_tile(q, do, K, V, APART, KAPPA, b, h, bh, I, J, nB, fbase, Tp,
              s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d,
-             suf, zsuf, psi, mid, zmid, pre_i, zpre_i, lse, delta, beta, sl2, bl2, dq, dex, c,
+             suf, zsuf, psi, mid, zmid, pre_i, zpre_i, lse, delta, beta, sl2, bl2, dq, c,
              PREC: tl.constexpr, FAST: tl.constexpr, GENERAL: tl.constexpr):
-    # One off-diagonal tile [t (queries of I), s (keys of J)], J < I: dq, the exact Delta, and the
-    # field sums of KERNEL_NOTES.md step 2 (c_t accumulated here, a_s and kappa[J, I] stored).
+    # One off-diagonal tile [t (queries of I), s (keys of J)], J < I: dq and the field sums of KERNEL_NOTES.md step 2 (c_t accumulated here, a_s and kappa[J, I] stored).
     # Padded query rows have lse = +inf, so p = ds = r = 0 there without a mask.
     k = tl.load(K + b * s_kb + h * s_kh + offs_n[:, None] * s_kt + offs_d[None, :])
     v = tl.load(V + b * s_vb + h * s_vh + offs_n[:, None] * s_vt + offs_d[None, :])
@@ -146,7 +144,6 @@ def _dq_tile(q, do, K, V, APART, KAPPA, b, h, bh, I, J, nB, fbase, Tp,
     dp = tl.dot(do, tl.trans(v), input_precision=PREC)
     ds = p * (dp - delta[:, None])
     dq += tl.dot(ds.to(k.dtype), k, input_precision=PREC)
-    dex += tl.sum(p * dp, axis=1)
     gm = tl.where(dlt < 0.0, ds, 0.0)  # G / beta: the field gradient lives on dead pairs only
     if GENERAL:
         # one exp per pair: d = pre_t - m2_s, E = e^{-|d|}; f = e^{M - m2}, e3 = e^{M - pre}
@@ -172,7 +169,7 @@ def _dq_tile(q, do, K, V, APART, KAPPA, b, h, bh, I, J, nB, fbase, Tp,
         c += beta * e3 * row
         tl.store(KAPPA + (bh * nB + J) * nB + I, beta * tl.sum(y * row, axis=0))
         tl.store(APART + (bh * nB + I) * Tp + offs_n, (beta * es) * tl.sum(r * y[:, None], axis=0))
-    return dq, dex, c
+    return dq, c
 
 
 @triton.jit
@@ -213,7 +210,7 @@ def _fpa_fwd_kernel(
     T, H, Tp, nB, qk_scale, thr,
     BS: tl.constexpr, D: tl.constexpr, SKIP: tl.constexpr, PREC: tl.constexpr, STORE32: tl.constexpr,
 ):
-    I = tl.program_id(0)
+    I = tl.num_programs(0) - 1 - tl.program_id(0)  # long rows first: a shorter tail
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
@@ -272,22 +269,42 @@ def _fpa_fwd_kernel(
 
 
 # ---------------------------------------------------------------------------------------------
-# backward, query-major: dq, the exact Delta, and the off-diagonal field sums (c_t, a_s partials, kappa)
+# backward, query-major: dq, Delta, and the off-diagonal field sums (c_t, a_s partials, kappa)
 # ---------------------------------------------------------------------------------------------
+@triton.jit
+def _first_general_block(BMIN, MINSUF, bh, I, nB, CB: tl.constexpr):
+    # J1: the off-diagonal tiles J1 <= J < I take the general path; every J < J1 has
+    # mid(J, I) <= min_s suf_J(s). mid(J, I) = min bmin over (J, I) = min over J' in [J, I-2] of
+    # x[J'] = bmin[J' + 1]: a running min while J walks down, in chunks of CB blocks.
+    j1 = I
+    carry = FAR
+    idx = tl.arange(0, CB)
+    for c0 in range(0, I, CB):
+        js = I - 1 - c0 - idx  # descending
+        ok = js >= 0
+        x = tl.load(BMIN + bh * nB + js + 1, mask=ok & (js + 1 < I), other=FAR)
+        minsuf = tl.load(MINSUF + bh * nB + js, mask=ok, other=-FAR)
+        mid = tl.minimum(tl.associative_scan(x, 0, _min_combine), carry)
+        j1 = tl.minimum(j1, tl.min(tl.where(ok & (mid > minsuf), js, I), axis=0))
+        carry = tl.minimum(carry, tl.min(x, axis=0))
+    return j1
+
+
 @triton.jit
 def _fpa_bwd_dq_kernel(
     Q, K, V, DO, DQ,
     s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_ot, s_oh, s_dqb, s_dqt, s_dqh,
-    LSE, DELTA, DELTA_EX, PHIP, PSIP, SUF, ZSUF, PRE, ZPRE, BMIN, ZBLK, BETA,
-    CSUM, APART, KAPPA, J1S,
+    LSE, O32, DELTA, PHIP, PSIP, SUF, ZSUF, PRE, ZPRE, BMIN, ZBLK, MINSUF, BETA,
+    CSUM, APART, KAPPA,
     T, H, Tp, nB, qk_scale, thr,
     BS: tl.constexpr, D: tl.constexpr, SKIP: tl.constexpr, PREC: tl.constexpr, FAST: tl.constexpr,
+    CB: tl.constexpr,
 ):
     # The field part lives here, not in the key-major kernel: this kernel's only tile accumulator is
     # dq (the key-major one holds dk and dv), so the field temporaries fit in registers. c_t is a row
     # quantity and stays in registers; a_s (a column quantity) is stored per (query block, key block)
-    # and summed in fixed order by the middle kernel, so the result is deterministic.
-    I = tl.program_id(0)
+    # and summed in fixed order by the field kernel, so the result is deterministic.
+    I = tl.num_programs(0) - 1 - tl.program_id(0)  # long rows first: a shorter tail
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
@@ -300,8 +317,11 @@ def _fpa_bwd_dq_kernel(
     q = tl.load(Q + b * s_qb + h * s_qh + offs_m[:, None] * s_qt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
     do = tl.load(DO + b * s_ob + h * s_oh + offs_m[:, None] * s_ot + offs_d[None, :], mask=row_ok[:, None], other=0.0)
     fbase = bh * Tp
+    # Delta_t = rowsum(dO * O) with the forward's fp32 O (0 on padded rows, where dO = 0); stored for
+    # the key-major and field kernels
+    o32 = tl.load(O32 + (fbase + offs_m[:, None]) * D + offs_d[None, :])
+    delta = tl.sum(do.to(tl.float32) * o32, axis=1)
     lse = tl.load(LSE + fbase + offs_m)
-    delta = tl.load(DELTA + fbase + offs_m)
     phi_i = tl.load(PHIP + fbase + offs_m)
     pre_i = tl.load(PRE + fbase + offs_m)
     zpre_i = tl.load(ZPRE + fbase + offs_m)
@@ -309,7 +329,7 @@ def _fpa_bwd_dq_kernel(
     dq = tl.zeros([BS, D], tl.float32)
     c = tl.zeros([BS], tl.float32)
 
-    # diagonal (its field gradient belongs to the key-major kernel)
+    # diagonal (its field gradient belongs to the field kernel)
     offs_n = offs_m
     k = tl.load(K + b * s_kb + h * s_kh + offs_n[:, None] * s_kt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
     v = tl.load(V + b * s_vb + h * s_vh + offs_n[:, None] * s_vt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
@@ -322,15 +342,12 @@ def _fpa_bwd_dq_kernel(
     dp = tl.dot(do, tl.trans(v), input_precision=PREC)
     ds = p * (dp - delta[:, None])
     dq += tl.dot(ds.to(k.dtype), k, input_precision=PREC)
-    # rowsum(P * dP) in fp32: the exact Delta for the key-major kernel (O's rounding of P cancels)
-    dex = tl.sum(p * dp, axis=1)
 
     # Off-diagonal tiles walk away from the diagonal (J = I-1 .. 0) so mid(J, I) and its normaliser
-    # zmid are running combines. Tiles J1 <= J < I take the general three-piece path; below J1 every
-    # tile has mid(J, I) <= min_s suf_J(s) (J1 comes from the host), so no branch sits in a loop.
+    # zmid are running combines; the general tiles come first, the fast ones after: no branch in a loop.
     mid = FAR
     zmid = 0.0
-    J1 = tl.load(J1S + bh * nB + I)
+    J1 = _first_general_block(BMIN, MINSUF, bh, I, nB, CB)
     for jj in range(0, I - J1):
         J = I - 1 - jj
         offs_n = J * BS + tl.arange(0, BS)
@@ -339,17 +356,17 @@ def _fpa_bwd_dq_kernel(
         psi = tl.load(PSIP + fbase + offs_n)
         if SKIP:
             if _keep_tile(suf, psi, mid, phi_start, beta, thr):
-                dq, dex, c = _dq_tile(q, do, K, V, APART, KAPPA, b, h, bh, I, J, nB, fbase, Tp,
+                dq, c = _dq_tile(q, do, K, V, APART, KAPPA, b, h, bh, I, J, nB, fbase, Tp,
                                       s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d,
                                       suf, zsuf, psi, mid, zmid, pre_i, zpre_i, lse, delta, beta, sl2, bl2,
-                                      dq, dex, c, PREC, FAST, True)
+                                      dq, c, PREC, FAST, True)
             else:
-                tl.store(APART + (bh * nB + I) * Tp + offs_n, tl.zeros([BS], tl.float32))
+                _skipped_dq_tile(APART, KAPPA, bh, I, J, nB, Tp, offs_n)
         else:
-            dq, dex, c = _dq_tile(q, do, K, V, APART, KAPPA, b, h, bh, I, J, nB, fbase, Tp,
+            dq, c = _dq_tile(q, do, K, V, APART, KAPPA, b, h, bh, I, J, nB, fbase, Tp,
                                   s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d,
                                   suf, zsuf, psi, mid, zmid, pre_i, zpre_i, lse, delta, beta, sl2, bl2,
-                                  dq, dex, c, PREC, FAST, True)
+                                  dq, c, PREC, FAST, True)
         bm = tl.load(BMIN + bh * nB + J)
         zb = tl.load(ZBLK + bh * nB + J)
         mid_new = tl.minimum(mid, bm)
@@ -363,17 +380,17 @@ def _fpa_bwd_dq_kernel(
         psi = tl.load(PSIP + fbase + offs_n)
         if SKIP:
             if _keep_tile(suf, psi, mid, phi_start, beta, thr):
-                dq, dex, c = _dq_tile(q, do, K, V, APART, KAPPA, b, h, bh, I, J, nB, fbase, Tp,
+                dq, c = _dq_tile(q, do, K, V, APART, KAPPA, b, h, bh, I, J, nB, fbase, Tp,
                                       s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d,
                                       suf, zsuf, psi, mid, zmid, pre_i, zpre_i, lse, delta, beta, sl2, bl2,
-                                      dq, dex, c, PREC, FAST, False)
+                                      dq, c, PREC, FAST, False)
             else:
-                tl.store(APART + (bh * nB + I) * Tp + offs_n, tl.zeros([BS], tl.float32))
+                _skipped_dq_tile(APART, KAPPA, bh, I, J, nB, Tp, offs_n)
         else:
-            dq, dex, c = _dq_tile(q, do, K, V, APART, KAPPA, b, h, bh, I, J, nB, fbase, Tp,
+            dq, c = _dq_tile(q, do, K, V, APART, KAPPA, b, h, bh, I, J, nB, fbase, Tp,
                                   s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d,
                                   suf, zsuf, psi, mid, zmid, pre_i, zpre_i, lse, delta, beta, sl2, bl2,
-                                  dq, dex, c, PREC, FAST, False)
+                                  dq, c, PREC, FAST, False)
         bm = tl.load(BMIN + bh * nB + J)
         zb = tl.load(ZBLK + bh * nB + J)
         mid_new = tl.minimum(mid, bm)
@@ -382,12 +399,19 @@ def _fpa_bwd_dq_kernel(
 
     tl.store(DQ + b * s_dqb + h * s_dqh + offs_m[:, None] * s_dqt + offs_d[None, :],
              (dq * qk_scale).to(DQ.dtype.element_ty), mask=row_ok[:, None])
-    tl.store(DELTA_EX + fbase + offs_m, dex)
+    tl.store(DELTA + fbase + offs_m, delta)
     tl.store(CSUM + fbase + offs_m, c)
 
 
+@triton.jit
+def _skipped_dq_tile(APART, KAPPA, bh, I, J, nB, Tp, offs_n):
+    # a skipped tile contributes nothing, and the field kernel reads every J < I entry
+    tl.store(APART + (bh * nB + I) * Tp + offs_n, tl.zeros(offs_n.shape, tl.float32))
+    tl.store(KAPPA + (bh * nB + J) * nB + I, 0.0)
+
+
 # ---------------------------------------------------------------------------------------------
-# backward, key-major: dk, dv, dpsi and dbeta partials, and the diagonal block's field gradient
+# backward, key-major: dk, dv and the dpsi, dbeta partials (the field gradient is elsewhere)
 # ---------------------------------------------------------------------------------------------
 @triton.jit
 def _fpa_bwd_dkdv_kernel(
@@ -395,7 +419,7 @@ def _fpa_bwd_dkdv_kernel(
     s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_ot, s_oh,
     s_dkb, s_dkt, s_dkh, s_dvb, s_dvt, s_dvh,
     LSE, DELTA, PHIP, PSIP, SUF, PRE, BMIN, BETA,
-    DPHI_K, DPSI, DBETA,
+    DPSI, DBETA,
     T, H, Tp, nB, qk_scale, thr,
     BS: tl.constexpr, D: tl.constexpr, SKIP: tl.constexpr, PREC: tl.constexpr,
 ):
@@ -417,12 +441,8 @@ def _fpa_bwd_dkdv_kernel(
     suf = tl.load(SUF + fbase + offs_n)
     dk = tl.zeros([BS, D], tl.float32)
     dv = tl.zeros([BS, D], tl.float32)
-    dpsi = tl.zeros([BS], tl.float32)
-    dbeta = tl.zeros([BS], tl.float32)
 
-    # diagonal block (I = J): rows t, columns s, both in this block, with its whole field gradient.
-    # (Placing it after the tile loop cuts spills with Triton 3.9 but makes Triton 3.6 + ptxas
-    # serialize every wgmma (C7515): keep it first.)
+    # diagonal block (I = J): rows t, columns s, both in this block
     offs_m = offs_n
     row_ok = col_ok
     q = tl.load(Q + b * s_qb + h * s_qh + offs_m[:, None] * s_qt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
@@ -430,25 +450,17 @@ def _fpa_bwd_dkdv_kernel(
     lse = tl.load(LSE + fbase + offs_m)
     delta = tl.load(DELTA + fbase + offs_m)
     after = offs_m[:, None] > offs_n[None, :]
-    Mt, Zt = tl.associative_scan(
-        (tl.where(after, phi_j[:, None], FAR), tl.where(after, 1.0, 0.0)), 0, _minsum_combine)
-    dlt = Mt - psi[None, :]
-    s = tl.dot(q, tl.trans(k), input_precision=PREC) * sl2 + tl.minimum(dlt, 0.0) * bl2
+    Mt = tl.associative_scan(tl.where(after, phi_j[:, None], FAR), 0, _min_combine)
+    dlt = tl.where(after, tl.minimum(Mt - psi[None, :], 0.0), 0.0)
+    s = tl.dot(q, tl.trans(k), input_precision=PREC) * sl2 + dlt * bl2
     p = tl.exp2(s - lse[:, None])
     p = tl.where((offs_m[:, None] >= offs_n[None, :]) & row_ok[:, None], p, 0.0)
     dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision=PREC)
     dp = tl.dot(do, tl.trans(v), input_precision=PREC)
     ds = p * (dp - delta[:, None])
     dk += tl.dot(tl.trans(ds).to(q.dtype), q, input_precision=PREC)
-    dead = (dlt < 0.0) & after
-    g = tl.where(dead, ds * beta, 0.0)
-    dpsi -= tl.sum(g, axis=0)
-    dbeta += tl.sum(tl.where(after, ds * tl.minimum(dlt, 0.0), 0.0), axis=0)
-    r = g / tl.where(dead, Zt, 1.0)
-    # S_u = sum_{t >= u} r_t exp(M_t - M_u), a reverse scan down the rows (M_u = max over t >= u)
-    Rr, Sw = tl.associative_scan((tl.where(after, Mt, -FAR), r), 0, _maxsum_combine, reverse=True)
-    wdiag = tl.where(after, Sw * tl.exp(tl.minimum(Mt - phi_j[:, None], 0.0)), 0.0)
-    dphi = tl.sum(wdiag, axis=1)  # indexed by u (rows)
+    dpsi = -beta * tl.sum(tl.where(dlt < 0.0, ds, 0.0), axis=0)
+    dbeta = tl.sum(ds * dlt, axis=0)
 
     mid = FAR
     for I in range(J + 1, nB):
@@ -471,49 +483,98 @@ def _fpa_bwd_dkdv_kernel(
              (dk * qk_scale).to(DK.dtype.element_ty), mask=col_ok[:, None])
     tl.store(DV + b * s_dvb + h * s_dvh + offs_n[:, None] * s_dvt + offs_d[None, :],
              dv.to(DV.dtype.element_ty), mask=col_ok[:, None])
-    tl.store(DPHI_K + fbase + offs_n, dphi)
     tl.store(DPSI + fbase + offs_n, dpsi)
     tl.store(DBETA + fbase + offs_n, dbeta)
 
 
 # ---------------------------------------------------------------------------------------------
-# the scatter pass, per block K (KERNEL_NOTES.md step 3):
-#   middle: dphi_u += exp(bmin_K - phi_u) * sum_{J<K<I} kappa[J,I] exp(mid(J,I) - bmin_K)
-#           with mid(J, I) = CMIN[J, I - 1], CMIN[J, L] = min of block minima over (J, L]
-#   key suffix:   dphi_u += sum_{s < u in K} a_s exp(suf(s) - phi_u),   a_s = sum over I > K of APART
-#   query prefix: dphi_u += sum_{t >= u in K} c_t exp(pre(t) - phi_u)
+# the field kernel, per block K: the diagonal block's field gradient (KERNEL_NOTES.md step 4) and
+# the scatters of step 3 into dphi_u, u in K:
+#   middle:       exp(bmin_K - phi_u) * sum_{J<K<I} kappa[J, I] exp(mid(J, I) - bmin_K)
+#   key suffix:   sum_{s < u in K} a_s exp(suf(s) - phi_u),     a_s = sum over I > K of APART
+#   query prefix: sum_{t >= u in K} c_t exp(pre(t) - phi_u)
 # ---------------------------------------------------------------------------------------------
 @triton.jit
-def _fpa_mid_kernel(
-    KAPPA, CMIN, BMIN, PHIP, SUF, PRE, CSUM, APART, DPHI_M,
-    Tp, nB,
-    BS: tl.constexpr, CB: tl.constexpr,
+def _diagonal_field_grad(Q, K, V, DO, b, h, s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh,
+                         s_ob, s_ot, s_oh, lse, delta, phi, psi, beta, sl2, bl2, offs, T,
+                         D: tl.constexpr, PREC: tl.constexpr):
+    # rows t, columns s of one diagonal block; dphi_u = sum_{s<u<=t} G[t,s] e^{M(s,t) - phi_u} / Z'(s,t)
+    offs_d = tl.arange(0, D)
+    ok = offs < T
+    q = tl.load(Q + b * s_qb + h * s_qh + offs[:, None] * s_qt + offs_d[None, :], mask=ok[:, None], other=0.0)
+    k = tl.load(K + b * s_kb + h * s_kh + offs[:, None] * s_kt + offs_d[None, :], mask=ok[:, None], other=0.0)
+    v = tl.load(V + b * s_vb + h * s_vh + offs[:, None] * s_vt + offs_d[None, :], mask=ok[:, None], other=0.0)
+    do = tl.load(DO + b * s_ob + h * s_oh + offs[:, None] * s_ot + offs_d[None, :], mask=ok[:, None], other=0.0)
+    after = offs[:, None] > offs[None, :]
+    Mt, Zt = tl.associative_scan(
+        (tl.where(after, phi[:, None], FAR), tl.where(after, 1.0, 0.0)), 0, _minsum_combine)
+    dlt = Mt - psi[None, :]
+    s = tl.dot(q, tl.trans(k), input_precision=PREC) * sl2 + tl.minimum(dlt, 0.0) * bl2
+    p = tl.where(after & ok[:, None], tl.exp2(s - lse[:, None]), 0.0)  # the t = s pair has no field term
+    dp = tl.dot(do, tl.trans(v), input_precision=PREC)
+    dead = (dlt < 0.0) & after
+    r = tl.where(dead, p * (dp - delta[:, None]) * beta / tl.where(dead, Zt, 1.0), 0.0)
+    # S_u = sum_{t >= u} r_t exp(M_t - M_u), a reverse scan down the rows (M_u = max over t >= u)
+    Rr, Sw = tl.associative_scan((tl.where(after, Mt, -FAR), r), 0, _maxsum_combine, reverse=True)
+    wdiag = tl.where(after, Sw * tl.exp(tl.minimum(Mt - phi[:, None], 0.0)), 0.0)
+    return tl.sum(wdiag, axis=1)  # indexed by u (rows)
+
+
+@triton.jit
+def _fpa_field_kernel(
+    Q, K, V, DO,
+    s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_ot, s_oh,
+    LSE, DELTA, PHIP, PSIP, SUF, PRE, BMIN, BETA, KAPPA, CSUM, APART, DPHI,
+    T, H, Tp, nB, qk_scale,
+    BS: tl.constexpr, D: tl.constexpr, CB: tl.constexpr, PREC: tl.constexpr,
 ):
     Kb = tl.program_id(0)
     bh = tl.program_id(1)
-    bmin_k = tl.load(BMIN + bh * nB + Kb)
-    acc = tl.zeros([CB, CB], tl.float32)
-    base = bh * nB * nB
-    for j0 in range(0, Kb, CB):
-        jr = j0 + tl.arange(0, CB)
-        for i0 in range(Kb + 1, nB, CB):
-            ic = i0 + tl.arange(0, CB)
-            msk = (jr[:, None] < Kb) & (ic[None, :] < nB)
-            kap = tl.load(KAPPA + base + jr[:, None] * nB + ic[None, :], mask=msk, other=0.0)
-            cm = tl.load(CMIN + base + jr[:, None] * nB + (ic[None, :] - 1), mask=msk, other=FAR)
-            acc += tl.where(msk, kap * tl.exp(tl.minimum(cm - bmin_k, 0.0)), 0.0)
-    y = tl.sum(tl.sum(acc, axis=1), axis=0)
+    b = bh // H
+    h = bh % H
+    beta = tl.load(BETA + h).to(tl.float32)
+    fbase = bh * Tp
     offs = Kb * BS + tl.arange(0, BS)
-    phi = tl.load(PHIP + bh * Tp + offs)
+    phi = tl.load(PHIP + fbase + offs)
+    dphi = _diagonal_field_grad(Q, K, V, DO, b, h, s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh,
+                                s_ob, s_ot, s_oh, tl.load(LSE + fbase + offs), tl.load(DELTA + fbase + offs),
+                                phi, tl.load(PSIP + fbase + offs), beta, qk_scale * LOG2E, beta * LOG2E,
+                                offs, T, D, PREC)
+
+    # middle: mid(J, I) = min(A_J, B_I) with A_J = min bmin over [J+1, K] and B_I = min bmin over
+    # [K, I-1] (the range (J, I) contains K), so e^{mid - bmin_K} = min(e^{A_J - bmin_K}, e^{B_I - bmin_K}):
+    # no exponential per (J, I) pair, and both arguments are <= 0.
+    bmin_k = tl.load(BMIN + bh * nB + Kb)
+    idx = tl.arange(0, CB)
+    acc = tl.zeros([CB, CB], tl.float32)
+    carry_b = FAR
+    for i0 in range(Kb + 1, nB, CB):
+        ic = i0 + idx  # ascending I
+        i_ok = ic < nB
+        x_i = tl.load(BMIN + bh * nB + ic - 1, mask=i_ok, other=FAR)  # bmin[I - 1]
+        eb = tl.exp(tl.minimum(tl.associative_scan(x_i, 0, _min_combine), carry_b) - bmin_k)
+        carry_a = FAR
+        for c0 in range(0, Kb, CB):
+            jr = Kb - 1 - c0 - idx  # descending J
+            j_ok = jr >= 0
+            x_j = tl.load(BMIN + bh * nB + jr + 1, mask=j_ok, other=FAR)  # bmin[J + 1]
+            ea = tl.exp(tl.minimum(tl.associative_scan(x_j, 0, _min_combine), carry_a) - bmin_k)
+            kap = tl.load(KAPPA + (bh * nB + jr[:, None]) * nB + ic[None, :], mask=j_ok[:, None] & i_ok[None, :],
+                          other=0.0)
+            acc += kap * tl.minimum(ea[:, None], eb[None, :])
+            carry_a = tl.minimum(carry_a, tl.min(x_j, axis=0))
+        carry_b = tl.minimum(carry_b, tl.min(x_i, axis=0))
+    y = tl.sum(tl.sum(acc, axis=1), axis=0)
+
     # key-suffix sums of this block, a_s = sum over query blocks I > K (fixed order: deterministic)
     a = tl.zeros([BS], tl.float32)
     for I in range(Kb + 1, nB):
         a += tl.load(APART + (bh * nB + I) * Tp + offs)
-    c = tl.load(CSUM + bh * Tp + offs)
-    suf = tl.load(SUF + bh * Tp + offs)
-    pre = tl.load(PRE + bh * Tp + offs)
-    idx = tl.arange(0, BS)
+    c = tl.load(CSUM + fbase + offs)
+    suf = tl.load(SUF + fbase + offs)
+    pre = tl.load(PRE + fbase + offs)
+    u = tl.arange(0, BS)
     # tiles [u, s] and [u, t]
-    wa = tl.where(idx[:, None] > idx[None, :], a[None, :] * tl.exp(tl.minimum(suf[None, :] - phi[:, None], 0.0)), 0.0)
-    wc = tl.where(idx[None, :] >= idx[:, None], c[None, :] * tl.exp(tl.minimum(pre[None, :] - phi[:, None], 0.0)), 0.0)
-    tl.store(DPHI_M + bh * Tp + offs, y * tl.exp(bmin_k - phi) + tl.sum(wa + wc, axis=1))
+    wa = tl.where(u[:, None] > u[None, :], a[None, :] * tl.exp(tl.minimum(suf[None, :] - phi[:, None], 0.0)), 0.0)
+    wc = tl.where(u[None, :] >= u[:, None], c[None, :] * tl.exp(tl.minimum(pre[None, :] - phi[:, None], 0.0)), 0.0)
+    tl.store(DPHI + fbase + offs, dphi + y * tl.exp(bmin_k - phi) + tl.sum(wa + wc, axis=1))

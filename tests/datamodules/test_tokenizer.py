@@ -1,7 +1,5 @@
 """The offline Mistral conversion must give sentencepiece's ids on every string and round-trip exactly."""
 
-import json
-import os
 import pathlib
 import random
 import sysconfig

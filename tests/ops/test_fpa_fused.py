@@ -174,7 +174,7 @@ def _skip_bound_check(inputs, do, dtype, device, thr):
 
     q, k, v, phi, psi, beta = (t.to(device) for t in inputs)
     bias = fpa_bias(phi, psi, beta)  # (B, H, T, T)
-    T, D = q.shape[1], q.shape[-1]
+    D = q.shape[-1]
     logits = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(D) + bias
     p = logits.softmax(-1)
     m = (p * (bias < thr)).sum(-1).cpu()  # (B, H, T)

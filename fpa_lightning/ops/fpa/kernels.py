@@ -9,6 +9,10 @@ One block size BS serves queries, keys and the field decomposition of KERNEL_NOT
 
 The backward is the stable straight-through form of KERNEL_NOTES.md: every exponent argument ≤ 0.
 All field arithmetic is fp32; FAR (1e30) stands for +inf so that empty ranges stay finite.
+
+Launch order, per call: prep (block minima, normalisers) -> forward; in the backward, dq (query-major:
+dq, Delta and the off-diagonal field sums c_t, a_s partials, kappa) -> dk/dv (key-major: dk, dv, dpsi,
+dbeta) -> field (per block: the diagonal block's field gradient and the scatters into dphi).
 """
 from __future__ import annotations
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 
 # A finite stand-in for ±inf in the masked (u ≤ s) part of the range tensors. exp(−_FAR − x) is
 # exactly 0 for any field value a model can produce, and it keeps every intermediate finite, so

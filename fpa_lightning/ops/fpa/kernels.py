@@ -128,7 +128,8 @@ def _dq_tile(q, do, K, V, APART, KAPPA, b, h, bh, I, J, nB, fbase, Tp,
              s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d,
              suf, zsuf, psi, mid, zmid, pre_i, zpre_i, lse, delta, beta, sl2, bl2, dq, c,
              PREC: tl.constexpr, FAST: tl.constexpr, GENERAL: tl.constexpr):
-    # One off-diagonal tile [t (queries of I), s (keys of J)], J < I: dq and the field sums of KERNEL_NOTES.md step 2 (c_t accumulated here, a_s and kappa[J, I] stored).
+    # One off-diagonal tile [t (queries of I), s (keys of J)], J < I: dq and the field sums of
+    # KERNEL_NOTES.md step 2 (c_t accumulated here, a_s and kappa[J, I] stored).
     # Padded query rows have lse = +inf, so p = ds = r = 0 there without a mask.
     k = tl.load(K + b * s_kb + h * s_kh + offs_n[:, None] * s_kt + offs_d[None, :])
     v = tl.load(V + b * s_vb + h * s_vh + offs_n[:, None] * s_vt + offs_d[None, :])

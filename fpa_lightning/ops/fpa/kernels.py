@@ -256,11 +256,10 @@ def _fpa_fwd_kernel(
         offs_n = J * BS + tl.arange(0, BS)
         suf = tl.load(SUF + fbase + offs_n)
         psi = tl.load(PSIP + fbase + offs_n)
+        keep = True
         if SKIP:
-            if _keep_tile(suf, psi, mid, phi_start, beta, thr):
-                m_i, l_i, acc = _fwd_tile(q, K, V, b, h, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d,
-                                          suf, psi, mid, pre_i, sl2, bl2, m_i, l_i, acc, PREC)
-        else:
+            keep = _keep_tile(suf, psi, mid, phi_start, beta, thr)
+        if keep:
             m_i, l_i, acc = _fwd_tile(q, K, V, b, h, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d,
                                       suf, psi, mid, pre_i, sl2, bl2, m_i, l_i, acc, PREC)
         mid = tl.minimum(mid, tl.load(BMIN + bh * nB + J))
@@ -354,53 +353,15 @@ def _fpa_bwd_dq_kernel(
     zmid = 0.0
     J1 = _first_general_block(BMIN, MINSUF, bh, I, nB, CB)
     for jj in range(0, I - J1):
-        J = I - 1 - jj
-        offs_n = J * BS + tl.arange(0, BS)
-        suf = tl.load(SUF + fbase + offs_n)
-        zsuf = tl.load(ZSUF + fbase + offs_n)
-        psi = tl.load(PSIP + fbase + offs_n)
-        if SKIP:
-            if _keep_tile(suf, psi, mid, phi_start, beta, thr):
-                dq, c = _dq_tile(q, do, K, V, APART, KAPPA, b, h, bh, I, J, nB, fbase, Tp,
-                                      s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d,
-                                      suf, zsuf, psi, mid, zmid, pre_i, zpre_i, lse, delta, beta, sl2, bl2,
-                                      dq, c, PREC, FAST, True)
-            else:
-                _skipped_dq_tile(APART, KAPPA, bh, I, J, nB, Tp, offs_n)
-        else:
-            dq, c = _dq_tile(q, do, K, V, APART, KAPPA, b, h, bh, I, J, nB, fbase, Tp,
-                                  s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d,
-                                  suf, zsuf, psi, mid, zmid, pre_i, zpre_i, lse, delta, beta, sl2, bl2,
-                                  dq, c, PREC, FAST, True)
-        bm = tl.load(BMIN + bh * nB + J)
-        zb = tl.load(ZBLK + bh * nB + J)
-        mid_new = tl.minimum(mid, bm)
-        zmid = zmid * tl.exp(mid_new - mid) + zb * tl.exp(mid_new - bm)
-        mid = mid_new
+        dq, c, mid, zmid = _dq_step(q, do, K, V, SUF, ZSUF, PSIP, BMIN, ZBLK, APART, KAPPA, b, h, bh, I, I - 1 - jj,
+                                    nB, fbase, Tp, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_d, mid, zmid,
+                                    pre_i, zpre_i, lse, delta, beta, sl2, bl2, phi_start, thr, dq, c,
+                                    BS, SKIP, PREC, FAST, True)
     for jj in range(I - J1, I):
-        J = I - 1 - jj
-        offs_n = J * BS + tl.arange(0, BS)
-        suf = tl.load(SUF + fbase + offs_n)
-        zsuf = tl.load(ZSUF + fbase + offs_n)
-        psi = tl.load(PSIP + fbase + offs_n)
-        if SKIP:
-            if _keep_tile(suf, psi, mid, phi_start, beta, thr):
-                dq, c = _dq_tile(q, do, K, V, APART, KAPPA, b, h, bh, I, J, nB, fbase, Tp,
-                                      s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d,
-                                      suf, zsuf, psi, mid, zmid, pre_i, zpre_i, lse, delta, beta, sl2, bl2,
-                                      dq, c, PREC, FAST, False)
-            else:
-                _skipped_dq_tile(APART, KAPPA, bh, I, J, nB, Tp, offs_n)
-        else:
-            dq, c = _dq_tile(q, do, K, V, APART, KAPPA, b, h, bh, I, J, nB, fbase, Tp,
-                                  s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d,
-                                  suf, zsuf, psi, mid, zmid, pre_i, zpre_i, lse, delta, beta, sl2, bl2,
-                                  dq, c, PREC, FAST, False)
-        bm = tl.load(BMIN + bh * nB + J)
-        zb = tl.load(ZBLK + bh * nB + J)
-        mid_new = tl.minimum(mid, bm)
-        zmid = zmid * tl.exp(mid_new - mid) + zb * tl.exp(mid_new - bm)
-        mid = mid_new
+        dq, c, mid, zmid = _dq_step(q, do, K, V, SUF, ZSUF, PSIP, BMIN, ZBLK, APART, KAPPA, b, h, bh, I, I - 1 - jj,
+                                    nB, fbase, Tp, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_d, mid, zmid,
+                                    pre_i, zpre_i, lse, delta, beta, sl2, bl2, phi_start, thr, dq, c,
+                                    BS, SKIP, PREC, FAST, False)
 
     tl.store(DQ + b * s_dqb + h * s_dqh + offs_m[:, None] * s_dqt + offs_d[None, :],
              (dq * qk_scale).to(DQ.dtype.element_ty), mask=row_ok[:, None])
@@ -409,10 +370,32 @@ def _fpa_bwd_dq_kernel(
 
 
 @triton.jit
-def _skipped_dq_tile(APART, KAPPA, bh, I, J, nB, Tp, offs_n):
-    # a skipped tile contributes nothing, and the field kernel reads every J < I entry
-    tl.store(APART + (bh * nB + I) * Tp + offs_n, tl.zeros(offs_n.shape, tl.float32))
-    tl.store(KAPPA + (bh * nB + J) * nB + I, 0.0)
+def _dq_step(q, do, K, V, SUF, ZSUF, PSIP, BMIN, ZBLK, APART, KAPPA, b, h, bh, I, J, nB, fbase, Tp,
+             s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_d, mid, zmid, pre_i, zpre_i, lse, delta, beta, sl2, bl2,
+             phi_start, thr, dq, c, BS: tl.constexpr, SKIP: tl.constexpr, PREC: tl.constexpr, FAST: tl.constexpr,
+             GENERAL: tl.constexpr):
+    # key block J of the query-major walk: its tile (a skipped tile contributes nothing, but the field
+    # kernel reads every J < I entry of APART and KAPPA), then block J joins mid and zmid
+    offs_n = J * BS + tl.arange(0, BS)
+    suf = tl.load(SUF + fbase + offs_n)
+    zsuf = tl.load(ZSUF + fbase + offs_n)
+    psi = tl.load(PSIP + fbase + offs_n)
+    keep = True
+    if SKIP:
+        keep = _keep_tile(suf, psi, mid, phi_start, beta, thr)
+    if keep:
+        dq, c = _dq_tile(q, do, K, V, APART, KAPPA, b, h, bh, I, J, nB, fbase, Tp,
+                         s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d,
+                         suf, zsuf, psi, mid, zmid, pre_i, zpre_i, lse, delta, beta, sl2, bl2,
+                         dq, c, PREC, FAST, GENERAL)
+    else:
+        tl.store(APART + (bh * nB + I) * Tp + offs_n, tl.zeros([BS], tl.float32))
+        tl.store(KAPPA + (bh * nB + J) * nB + I, 0.0)
+    bm = tl.load(BMIN + bh * nB + J)
+    zb = tl.load(ZBLK + bh * nB + J)
+    mid_new = tl.minimum(mid, bm)
+    zmid = zmid * tl.exp(mid_new - mid) + zb * tl.exp(mid_new - bm)
+    return dq, c, mid_new, zmid
 
 
 # ---------------------------------------------------------------------------------------------
@@ -470,14 +453,11 @@ def _fpa_bwd_dkdv_kernel(
     mid = FAR
     for I in range(J + 1, nB):
         m2 = tl.minimum(suf, mid)
+        keep = True
         if SKIP:
             phi_start = tl.load(PHIP + fbase + I * BS)
-            if _keep_tile(suf, psi, mid, phi_start, beta, thr):
-                dk, dv, dpsi, dbeta = _dkdv_tile(
-                    k, v, Q, DO, LSE, DELTA, PRE, b, h, I, fbase, T,
-                    s_qb, s_qt, s_qh, s_ob, s_ot, s_oh, offs_d, BS,
-                    psi, m2, beta, sl2, bl2, dk, dv, dpsi, dbeta, PREC)
-        else:
+            keep = _keep_tile(suf, psi, mid, phi_start, beta, thr)
+        if keep:
             dk, dv, dpsi, dbeta = _dkdv_tile(
                 k, v, Q, DO, LSE, DELTA, PRE, b, h, I, fbase, T,
                 s_qb, s_qt, s_qh, s_ob, s_ot, s_oh, offs_d, BS,

@@ -1,4 +1,7 @@
-"""Command line: ``python train.py {fit,validate,test} --config configs/<name>.yaml [--key value ...]``.
+"""Command line: ``python train.py {fit,validate,test} --config <name>.yaml [--key value ...]``.
+
+A config name that is not a file in the working directory is looked up in this repository's ``configs/`` (the run
+says which file it used); ``--config configs/<name>.yaml`` works as well.
 
 The model is ``modules.LanguageModel``; ``data`` takes any ``datamodules.TextDataModule`` subclass
 (``data.class_path``). Every run gets a TensorBoard logger under ``runs/<name>/version_<n>`` (the YAML
@@ -11,12 +14,17 @@ resolved at parse time.
 """
 from __future__ import annotations
 
+import os
+import pathlib
+import sys
+
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from datamodules import TextDataModule
 from modules import LanguageModel
 
+CONFIG_DIR = pathlib.Path(__file__).resolve().parent / "configs"
 TRAINER_DEFAULTS = {
     "logger": {
         "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
@@ -50,9 +58,40 @@ class TrainCLI(LightningCLI):
             self.parser.error(f"invalid configuration: {error}")
 
 
+def resolve_config(name: str) -> str:
+    """A config path as given if it is a file; else ``configs/<name>`` (``.yaml`` optional) of this repository, which
+    the run announces. A name found nowhere is an error listing the available configs."""
+    if os.path.isfile(name):
+        return name
+    for candidate in (CONFIG_DIR / name, CONFIG_DIR / f"{name}.yaml"):
+        if candidate.is_file():
+            print(f"train.py: using config {candidate}", file=sys.stderr)
+            return str(candidate)
+    available = ", ".join(sorted(p.name for p in CONFIG_DIR.glob("*.yaml")))
+    raise SystemExit(f"train.py: error: config {name!r} is neither a file nor in {CONFIG_DIR}; available: {available}")
+
+
+def with_resolved_configs(args: list[str]) -> list[str]:
+    """``--config NAME`` / ``--config=NAME`` / ``-c NAME`` with each NAME resolved by ``resolve_config``."""
+    out, expect_path = [], False
+    for arg in args:
+        if expect_path:
+            arg, expect_path = resolve_config(arg), False
+        elif arg in ("--config", "-c"):
+            expect_path = True
+        elif arg.startswith("--config="):
+            arg = "--config=" + resolve_config(arg.split("=", 1)[1])
+        out.append(arg)
+    return out
+
+
 def main(args: list[str] | None = None, run: bool = True) -> TrainCLI:
     """Run the CLI (``args=None`` reads sys.argv). ``run=False`` only parses and instantiates (no
     subcommand in ``args``); the returned CLI holds the model, data module and trainer."""
+    if args is None:  # LightningCLI reads sys.argv itself (and warns when given both)
+        sys.argv[1:] = with_resolved_configs(sys.argv[1:])
+    else:
+        args = with_resolved_configs(args)
     return TrainCLI(
         LanguageModel,
         TextDataModule,

@@ -1,4 +1,4 @@
-"""Lightning callbacks: head survival statistics and long-context loss, logged to TensorBoard (README_SNIPPET.md)."""
+"""Lightning callbacks: head survival statistics and long-context loss, logged to TensorBoard (README, "Head statistics")."""
 from callbacks.head_survival import HeadSurvivalCallback
 from callbacks.long_context import LongContextLossCallback
 

@@ -23,6 +23,14 @@ def tensorboard_writer(trainer: Trainer, who: str):
     return None
 
 
+def datamodule_method(trainer: Trainer, name: str, who: str, needs: str, explicit: str):
+    """The trainer's datamodule's method ``name``; a callback without its own input raises, saying what it needs."""
+    datamodule = getattr(trainer, "datamodule", None)
+    if datamodule is None or not hasattr(datamodule, name):
+        raise RuntimeError(f"{who} needs {needs}: pass {explicit} or train with a datamodule that has {name}(...)")
+    return getattr(datamodule, name)
+
+
 def layer_tag(kind: str, layer: int, head: int) -> str:
     """The per-head scalar tag, e.g. heads/alive_fraction/layer_03/head_07."""
     return f"heads/{kind}/layer_{layer:02d}/head_{head:02d}"

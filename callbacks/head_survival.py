@@ -1,94 +1,25 @@
 """HeadSurvivalCallback: which keys each attention head keeps alive, logged to TensorBoard under heads/.
 
-Statistics (definitions in callbacks/head_stats.py) come from `Decoder.probe` on a fixed held-out batch: no grad,
+Statistics (definitions and the measurement in fpa_lightning/analysis/survival.py) come from `Decoder.probe` on a fixed held-out batch: no grad,
 float32, autocast off, never from the training forward. Every backend with a bias is measured from its own bias
 (FPA, FoX, ALiBi per head; Selective Attention and DCP are layer-shared, so every head of such a layer gets the
 layer's value). Layers without a bias are skipped.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
 
-from callbacks.dashboard import WALK_KINDS, layer_tag, new_figure, tensorboard_writer, write_layout_once
-from callbacks.head_stats import (
-    LayerSurvival,
-    count_nonsuffix_heads,
-    layer_survival,
-    pooled_boundary_ratio,
-    walk_steps,
+from callbacks.dashboard import (
+    WALK_KINDS,
+    datamodule_method,
+    layer_tag,
+    new_figure,
+    tensorboard_writer,
+    write_layout_once,
 )
-
-
-@dataclass
-class HeadReport:
-    """What one measurement found, per layer with a bias (per-head tensors are (n_head,))."""
-
-    query_start: int
-    layers: dict[int, LayerSurvival]
-    beta: dict[int, torch.Tensor] = field(default_factory=dict)  # FPA layers only
-    walk: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)  # FPA layers only
-    nonsuffix_at_least: float = 0.10
-
-    def alive_fractions(self) -> torch.Tensor:
-        """(n_layers_with_bias, n_head) alive fractions."""
-        return torch.stack([s.alive_fraction for s in self.layers.values()])
-
-    def nonsuffix_fractions(self) -> torch.Tensor:
-        return torch.stack([s.nonsuffix_fraction for s in self.layers.values()])
-
-    def summary(self) -> dict[str, float]:
-        alive = self.alive_fractions()
-        return {
-            "median_alive_fraction": float(alive.flatten().quantile(0.5)),
-            "nonsuffix_heads": count_nonsuffix_heads(self.nonsuffix_fractions(), self.nonsuffix_at_least),
-            "heads_with_bias": alive.numel(),
-            "boundary_ratio": pooled_boundary_ratio(self.layers.values()),
-        }
-
-
-def effective_query_start(query_start: int, seq_len: int) -> int:
-    """query_start, or seq_len // 2 when the probe sequence does not reach past it (short-context runs)."""
-    return query_start if query_start < seq_len else seq_len // 2
-
-
-@torch.no_grad()
-def measure_heads(
-    model,
-    input_ids: torch.Tensor,
-    segment_ids: torch.Tensor,
-    query_start: int = 1024,
-    threshold: float = -1.0,
-    nonsuffix_at_least: float = 0.10,
-    block_size: int = 256,
-) -> HeadReport:
-    """Head statistics of `model` (a Decoder) on input_ids, segment_ids (B, T); query_start must be < T."""
-    n_head = model.cfg.n_head
-    report = HeadReport(query_start, {}, nonsuffix_at_least=nonsuffix_at_least)
-    with torch.autocast(input_ids.device.type, enabled=False):  # bias math in float32 under mixed precision
-        for layer, probe in enumerate(model.probe(input_ids)):
-            if probe.backend == "none":
-                continue
-            stats = layer_survival(probe.row_blocks(block_size), segment_ids, query_start, threshold)
-            report.layers[layer] = _per_head(stats, n_head)
-            if probe.backend == "fpa":
-                report.beta[layer] = probe.ingredients["beta"].double().cpu()
-                walk = walk_steps(probe.ingredients["phi"], probe.ingredients["psi"])
-                report.walk[layer] = {k: v.cpu() for k, v in walk.items()}
-    if not report.layers:
-        raise ValueError("the model has no attention layer with a bias; there is nothing to measure")
-    return report
-
-
-def _per_head(stats: LayerSurvival, n_head: int) -> LayerSurvival:
-    """A layer-shared bias (1 head) applies to every head: repeat its per-head tensors to n_head."""
-    if stats.alive_fraction.numel() == n_head:
-        return stats
-    fields = {k: (v.expand(n_head).clone() if isinstance(v, torch.Tensor) else v) for k, v in vars(stats).items()}
-    return LayerSurvival(**fields)
+from fpa_lightning.analysis.survival import HeadReport, effective_query_start, measure_heads
 
 
 class HeadSurvivalCallback(Callback):
@@ -170,13 +101,9 @@ class HeadSurvivalCallback(Callback):
     def _probe_batch(self, trainer: Trainer, model) -> dict:
         """The explicit batch, else the datamodule's fixed probe batch (fetched once: it is deterministic)."""
         if self._batch is None:
-            datamodule = getattr(trainer, "datamodule", None)
-            if datamodule is None or not hasattr(datamodule, "probe_batch"):
-                raise RuntimeError(
-                    "HeadSurvivalCallback needs a probe batch: pass batch={'input_ids': ..., 'segment_ids': ...} "
-                    "or train with a datamodule that has probe_batch(n_rows, seq_len)"
-                )
-            self._batch = datamodule.probe_batch(self.probe_rows, self.probe_seq_len or model.cfg.max_seq_len)
+            probe_batch = datamodule_method(trainer, "probe_batch", type(self).__name__, "a probe batch",
+                                            "batch={'input_ids': ..., 'segment_ids': ...}")
+            self._batch = probe_batch(self.probe_rows, self.probe_seq_len or model.cfg.max_seq_len)
         return self._batch
 
     @staticmethod

@@ -13,30 +13,8 @@ from collections.abc import Iterable
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 
-from callbacks.dashboard import new_figure, tensorboard_writer, write_layout_once
-
-
-@torch.no_grad()
-def loss_by_position(model, documents: Iterable[torch.Tensor], window: int, bucket_size: int,
-                     chunk: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
-    """(loss sums, token counts), each (ceil(window / bucket_size),) float64, over documents of ≥ 2 tokens.
-
-    Uses `model.token_losses`, the memory-efficient path (vocabulary projection in chunks), in float32.
-    """
-    n_buckets = -(-window // bucket_size)
-    sums = torch.zeros(n_buckets, dtype=torch.float64)
-    counts = torch.zeros(n_buckets, dtype=torch.float64)
-    device = next(model.parameters()).device
-    for doc in documents:
-        ids = doc[: window + 1].to(device)[None]  # (1, L + 1)
-        if ids.shape[1] < 2:
-            continue
-        with torch.autocast(device.type, enabled=False):
-            losses = model.token_losses(ids[:, :-1], ids[:, 1:], chunk=chunk)[0].double().cpu()  # (L,)
-        bucket = torch.arange(losses.shape[0]) // bucket_size  # (L,)
-        sums.index_add_(0, bucket, losses)
-        counts.index_add_(0, bucket, torch.ones_like(losses))
-    return sums, counts
+from callbacks.dashboard import datamodule_method, new_figure, tensorboard_writer, write_layout_once
+from fpa_lightning.analysis.positions import loss_by_position, uniform_edges
 
 
 class LongContextLossCallback(Callback):
@@ -83,8 +61,8 @@ class LongContextLossCallback(Callback):
         model = pl_module.model
         context = self.train_context or model.cfg.max_seq_len
         window, bucket = context * self.context_multiple, self.bucket_size or max(1, context // 2)
-        sums, counts = loss_by_position(model, self._load_documents(trainer, context, window), window, bucket,
-                                        self.chunk)
+        sums, counts = loss_by_position(model, self._load_documents(trainer, context, window),
+                                        uniform_edges(window, bucket), chunk=self.chunk)
         self.latest = {k * bucket: float(sums[k] / counts[k]) for k in range(len(sums)) if counts[k] > 0}
         write_layout_once(writer, model.cfg.n_layer)
         step = trainer.global_step
@@ -101,15 +79,11 @@ class LongContextLossCallback(Callback):
     def _load_documents(self, trainer: Trainer, context: int, window: int) -> list[torch.Tensor]:
         """The explicit documents, else the datamodule's (fetched once: the same documents at every validation)."""
         if self._documents is None:
-            datamodule = getattr(trainer, "datamodule", None)
-            if datamodule is None or not hasattr(datamodule, "long_documents"):
-                raise RuntimeError(
-                    "LongContextLossCallback needs documents: pass documents=[LongTensor, ...] or train with a "
-                    "datamodule that has long_documents(split, max_tokens, min_tokens, limit)"
-                )
+            long_documents = datamodule_method(trainer, "long_documents", type(self).__name__, "documents",
+                                               "documents=[LongTensor, ...]")
             min_tokens = self.min_tokens if self.min_tokens is not None else context + 1
-            self._documents = list(datamodule.long_documents(split=self.split, max_tokens=window + 1,
-                                                             min_tokens=min_tokens, limit=self.n_documents))
+            self._documents = list(long_documents(split=self.split, max_tokens=window + 1, min_tokens=min_tokens,
+                                                  limit=self.n_documents))
             if not self._documents:
                 raise RuntimeError(f"LongContextLossCallback: split {self.split!r} has no document of ≥ {min_tokens} "
                                    "tokens; lower min_tokens")

@@ -21,7 +21,7 @@ import shutil
 import tempfile
 from collections import OrderedDict
 
-from .tokenizer import cache_dir, installed_package_file
+from .files import cache_dir, installed_package_file
 
 CORPUS_VERSION = "kjv-v1"
 SPLITS = ("train", "validation", "test")

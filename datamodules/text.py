@@ -1,284 +1,24 @@
-"""``TextDataModule``: documents -> tokens (in DataLoader workers) -> packed rows, resumable mid-epoch.
-
-Order and sharding
-------------------
-The data of one split is cut into ``world_size * max(num_workers, 1)`` disjoint shards (whole files
-when they divide evenly, otherwise every n-th record; see ``datamodules.sources``). Logical worker
-``w`` of rank ``r`` reads shard ``r * W + w`` and builds whole batches; the DataLoader hands out
-batches round-robin (batch ``i`` of a rank comes from logical worker ``i % W``). The order is therefore
-a pure function of (data, seed, world size, W): ``num_workers`` 0 and 1 give the same batches.
-The train split is an endless sequence of passes; pass ``e`` reorders files and blocks of
-``shuffle_block`` documents with ``seed`` and ``e``. Validation/test are single passes in file order.
-
-Resuming
---------
-Each batch carries (privately, stripped before it reaches the model) its worker's cursor after it:
-``(pass, document index in the shard's stream, token offset in that document)``. The module records the
-cursor of every batch the training loop actually *consumes* (``on_before_batch_transfer``: Lightning
-prefetches one batch ahead, so counting yielded batches would skip one on resume; without a trainer,
-yielded = consumed). ``state_dict()`` holds these cursors; after ``load_state_dict()`` each worker
-skips to its cursor (reading, not tokenising, the records before it) and the physical workers are
-rotated so that the next batch comes from the right logical worker. Resuming requires the same
-world size, ``num_workers``, ``seq_len``, ``batch_size`` and ``seed`` (checked).
-"""
+"""``TextDataModule``: packed, resumable language-modelling batches from the offline corpus, local files or a hub
+data set. How batches are built and resumed: ``datamodules.stream``; the loader: ``datamodules.loader``."""
 
 from __future__ import annotations
 
 import logging
 import os
-import random
-from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
 import lightning as L
-import numpy as np
 import torch
-from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from torch.utils.data import DataLoader, IterableDataset
 
 from . import sources
 from .corpus import offline_corpus_dir
-from .packing import DocumentEncoder, Packer, with_bos_eos
+from .loader import ResumableLoader
+from .packing import DocumentEncoder, with_bos_eos
+from .stream import META_KEY, SPLITS, PackedStream, PipelineStats, SplitSource, record_blocks
 from .tokenizer import mistral_tokenizer
 
 log = logging.getLogger(__name__)
-
-SPLITS = ("train", "validation", "test")
-_META = "_fpa_meta"  # private batch key: worker cursor + counter deltas, removed in the main process
-_ENCODE_CHARS = 1 << 20  # tokenise up to ~1 M characters per encode_batch call
-
-
-@dataclass
-class PipelineStats:
-    """Counters of one split: documents and tokens (BOS/EOS included) read, records skipped by reason."""
-
-    documents: int = 0
-    tokens: int = 0
-    rows: int = 0
-    tail_tokens: int = 0  # tokens of a finite split's last, incomplete row (not emitted)
-    skipped: Counter = field(default_factory=Counter)
-
-    def add(self, delta: dict) -> None:
-        self.documents += delta.get("documents", 0)
-        self.tokens += delta.get("tokens", 0)
-        self.rows += delta.get("rows", 0)
-        self.tail_tokens += delta.get("tail_tokens", 0)
-        self.skipped.update(delta.get("skipped", {}))
-
-    def as_dict(self) -> dict:
-        return {"documents": self.documents, "tokens": self.tokens, "rows": self.rows,
-                "tail_tokens": self.tail_tokens, "skipped": dict(self.skipped)}
-
-
-@dataclass(frozen=True)
-class SplitSource:
-    """Where one split's records come from: local ``files`` or a hub data set ``hub_id``/``hub_split``."""
-
-    files: tuple[str, ...] = ()
-    hub_id: str | None = None
-    hub_split: str | None = None
-    hub_data_files: tuple[str, ...] | None = None  # hub builder on local files (tests / pre-downloaded)
-    text_field: str = "text"
-
-    def records(self, num_shards: int, shard: int, seed: int, epoch: int) -> Iterator[sources.Record]:
-        if self.hub_id is not None:
-            return sources.hub_records(
-                self.hub_id, self.hub_split or "train", self.text_field, num_shards, shard, seed, epoch,
-                data_files=list(self.hub_data_files) if self.hub_data_files else None,
-            )
-        return sources.local_records(list(self.files), self.text_field, num_shards, shard, seed, epoch)
-
-
-class PackedStream(IterableDataset):
-    """Batches ``{input_ids, labels, segment_ids}`` of shape (B, T) from one split (see module doc)."""
-
-    def __init__(self, source: SplitSource, tokenizer, seq_len: int, batch_size: int, seed: int,
-                 rank: int, world_size: int, num_workers: int, infinite: bool, shuffle_block: int,
-                 cursors: list | None = None, rotation: int = 0):
-        self.source, self.tokenizer = source, tokenizer
-        self.T, self.B, self.seed = seq_len, batch_size, seed
-        self.rank, self.world = rank, world_size
-        self.W = max(1, num_workers)
-        self.infinite, self.shuffle_block = infinite, shuffle_block
-        self.cursors = cursors or [None] * self.W
-        self.rotation = rotation
-
-    def __iter__(self) -> Iterator[dict]:
-        info = get_worker_info()
-        logical = ((info.id if info else 0) + self.rotation) % self.W
-        shard, n_shards = self.rank * self.W + logical, self.world * self.W
-        epoch, doc, offset = self.cursors[logical] or (0, 0, 0)
-        encoder = DocumentEncoder(self.tokenizer)
-        while True:
-            yield from self._one_pass(encoder, logical, shard, n_shards, epoch, doc, offset)
-            if not self.infinite:
-                return
-            epoch, doc, offset = epoch + 1, 0, 0
-
-    def _one_pass(self, encoder, logical, shard, n_shards, epoch, start_doc, start_offset) -> Iterator[dict]:
-        packer = Packer(self.T)
-        delta = _new_delta()
-        rows: list[tuple[np.ndarray, np.ndarray]] = []
-        docs_seen, batches = start_doc, 0
-        for index, tokens in self._documents(encoder, shard, n_shards, epoch, start_doc, delta):
-            packer.add(index, tokens, start_offset if index == start_doc else 0)
-            docs_seen = index + 1
-            while packer.ready():
-                rows.append(packer.pop_row())
-                if len(rows) == self.B:
-                    yield self._batch(rows, logical, (epoch,) + packer.cursor(), _drain(delta))
-                    rows, batches = [], batches + 1
-        if self.infinite and docs_seen == 0:
-            raise ValueError(f"shard {shard}/{n_shards} of the train split has no usable documents "
-                             f"(skipped: {dict(delta['skipped']) or 'none'}); check the files and text_field")
-        if self.infinite and batches == 0 and (start_doc, start_offset) == (0, 0):
-            raise ValueError(f"shard {shard}/{n_shards} of the train split holds {packer.size} tokens per pass, "
-                             f"less than one batch of {self.B} rows x {self.T + 1} tokens; lower seq_len/batch_size, "
-                             f"num_workers or add data")
-        # Tokens never emitted as inputs: the incomplete last row and, for train, the incomplete last
-        # batch of the pass (each pass restarts packing, which keeps the resume cursor simple).
-        delta["tail_tokens"] += packer.size
-        if rows and not self.infinite:
-            yield self._batch(rows, logical, None, _drain(delta))
-        else:
-            delta["tail_tokens"] += len(rows) * self.T
-            yield {_META: {"worker": logical, "cursor": None, "delta": _drain(delta)}}  # counters only
-
-    def _documents(self, encoder, shard, n_shards, epoch, start_doc, delta) -> Iterator[tuple[int, np.ndarray]]:
-        """``(index in this shard's stream, [BOS] ids [EOS])`` from ``start_doc`` on; bad records counted."""
-        records = self.source.records(n_shards, shard, self.seed, epoch)
-        block = self.shuffle_block if self.infinite else 0
-        for indexed in _blocks(records, block, random.Random(f"{self.seed}/{epoch}/{shard}"), start_doc):
-            good = []
-            for index, (text, reason) in indexed:
-                if reason is not None:
-                    delta["skipped"][reason] += 1
-                    log.debug("skipped record %d of shard %d: %s", index, shard, reason)
-                else:
-                    good.append((index, text))
-            for (index, _), ids in zip(good, encoder.encode([t for _, t in good])):
-                tokens = with_bos_eos(ids)
-                delta["documents"] += 1
-                delta["tokens"] += len(tokens)
-                yield index, tokens
-
-    def _batch(self, rows, logical, cursor, delta) -> dict:
-        tokens = torch.from_numpy(np.stack([r[0] for r in rows]))  # (B, T+1)
-        delta["rows"] += len(rows)
-        return {
-            "input_ids": tokens[:, :-1].contiguous(),  # (B, T)
-            "labels": tokens[:, 1:].clone(),  # (B, T): next token of each input position
-            "segment_ids": torch.from_numpy(np.stack([r[1] for r in rows])),  # (B, T)
-            _META: {"worker": logical, "cursor": cursor, "delta": delta},
-        }
-
-
-def _new_delta() -> dict:
-    return {"documents": 0, "tokens": 0, "rows": 0, "tail_tokens": 0, "skipped": Counter()}
-
-
-def _drain(delta: dict) -> dict:
-    """A copy of the counters gathered since the last batch; zeroes ``delta`` in place (shared with readers)."""
-    # plain dicts: torch's default_convert would "copy" a Counter with update(), doubling it
-    out = {k: (dict(v) if isinstance(v, Counter) else v) for k, v in delta.items()}
-    for k, v in delta.items():
-        if isinstance(v, Counter):
-            v.clear()
-        else:
-            delta[k] = 0
-    return out
-
-
-def _blocks(records, block: int, rng: random.Random, start: int) -> Iterator[list[tuple[int, sources.Record]]]:
-    """Group records into tokenisation blocks, optionally shuffled within ``block``-sized windows.
-
-    Yields lists of ``(stream index, record)`` with stream index >= ``start``. Records before the
-    block containing ``start`` are read but not returned (that is how a resumed worker skips ahead).
-    With ``block > 0`` the stream index is the position *after* shuffling, so it is stable.
-    """
-    if block > 0:
-        window: list = []
-        base = 0
-        for record in records:
-            window.append(record)
-            if len(window) == block:
-                yield from _emit_window(window, base, rng, start)
-                base, window = base + block, []
-        if window:
-            yield from _emit_window(window, base, rng, start)
-        return
-    group, chars = [], 0
-    for index, record in enumerate(records):
-        if index < start:
-            continue
-        group.append((index, record))
-        chars += len(record[0] or "")
-        if chars >= _ENCODE_CHARS or len(group) >= 256:
-            yield group
-            group, chars = [], 0
-    if group:
-        yield group
-
-
-def _emit_window(window, base, rng: random.Random, start) -> Iterator[list]:
-    order = list(range(len(window)))
-    rng.shuffle(order)  # always drawn, so the rng state does not depend on where we resumed
-    if base + len(window) <= start:
-        return
-    items = [(base + i, window[j]) for i, j in enumerate(order) if base + i >= start]
-    for k in range(0, len(items), 64):
-        yield items[k : k + 64]
-
-
-class ResumableLoader(DataLoader):
-    """A DataLoader over a ``PackedStream`` that strips the private metadata and reports it to the module."""
-
-    def __init__(self, dataset: PackedStream, module: "TextDataModule", split: str, max_batches: int | None, **kw):
-        super().__init__(dataset, batch_size=None, collate_fn=_as_is, **kw)
-        self._module, self._split, self._max_batches = module, split, max_batches
-
-    def __iter__(self):
-        produced = 0
-        if self._max_batches == 0:
-            return
-        for item in _iter_without_fork_parallelism(self):
-            meta = item.pop(_META)
-            self._module._on_batch_meta(self._split, meta)
-            if "input_ids" not in item:
-                continue  # a counters-only message
-            produced += 1
-            self._module._on_batch_yielded(self._split, item, meta)
-            yield item
-            if self._max_batches is not None and produced >= self._max_batches:
-                break  # before asking the workers for more
-        self._module._on_split_end(self._split, produced)
-
-
-def _as_is(item):
-    """Workers build whole batches already; pass them through untouched."""
-    return item
-
-
-def _iter_without_fork_parallelism(loader: DataLoader):
-    """Iterate the parent DataLoader; forked workers tokenise single-threaded (one per core is the plan).
-
-    tokenizers' thread pool does not survive fork: if the parent used it, children print a warning and
-    fall back to one thread. Setting TOKENIZERS_PARALLELISM=false while the workers are forked makes
-    that explicit and silent; the parent's setting is restored right after.
-    """
-    if loader.num_workers == 0:
-        yield from DataLoader.__iter__(loader)
-        return
-    old = os.environ.get("TOKENIZERS_PARALLELISM")
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    try:
-        it = DataLoader.__iter__(loader)
-    finally:
-        if old is None:
-            os.environ.pop("TOKENIZERS_PARALLELISM", None)
-        else:
-            os.environ["TOKENIZERS_PARALLELISM"] = old
-    yield from it
 
 
 class TextDataModule(L.LightningDataModule):
@@ -548,7 +288,7 @@ class TextDataModule(L.LightningDataModule):
                               0, 1, 0, False, 0)
         for item in stream:
             if "input_ids" in item:
-                item.pop(_META)
+                item.pop(META_KEY)
                 if item["input_ids"].shape[0] == n_rows:
                     return item
         raise ValueError(f"the validation split has fewer than {n_rows} rows of {seq_len + 1} tokens")
@@ -567,7 +307,7 @@ class TextDataModule(L.LightningDataModule):
         max_tokens = max_tokens or self.long_doc_max_tokens
         encoder = DocumentEncoder(self.tokenizer)
         yielded = 0
-        for _, record_group in enumerate(_blocks(self.split_source(split).records(world_size, rank, self.seed, 0), 0, None, 0)):
+        for _, record_group in enumerate(record_blocks(self.split_source(split).records(world_size, rank, self.seed, 0), 0, None, 0)):
             texts = [(i, rec[0]) for i, rec in record_group if rec[0] is not None]
             for (i, text), ids in zip(texts, encoder.encode([t for _, t in texts])):
                 tokens = with_bos_eos(ids)

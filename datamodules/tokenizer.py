@@ -22,9 +22,10 @@ import hashlib
 import logging
 import os
 import pathlib
-import tempfile
 
 from tokenizers import Tokenizer, decoders, models, normalizers
+
+from .files import atomic_write_text, cache_dir, installed_package_file
 
 log = logging.getLogger(__name__)
 
@@ -33,42 +34,6 @@ BOS_ID = 1
 EOS_ID = 2
 VOCAB_SIZE = 32000
 _CACHE_NAME = "mistral-7b-v0.1-tokenizer-{digest}.json"
-
-
-def cache_dir() -> pathlib.Path:
-    """The user's cache folder: ``$FPA_CACHE_DIR`` or ``~/.cache/fpa_lightning``."""
-    root = os.environ.get("FPA_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "fpa_lightning")
-    return pathlib.Path(root)
-
-
-def atomic_write_text(path: pathlib.Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temp file + rename, so readers never see a partial file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def installed_package_file(module: str, relative: str, requirement: str) -> pathlib.Path:
-    """A data file shipped inside an installed package, found without importing the package.
-
-    ``import bible`` needs pkg_resources, which recent setuptools lacks; locating the package is enough.
-    """
-    import importlib.util
-
-    spec = importlib.util.find_spec(module)
-    if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError(f"{requirement} is not installed (`pip install {requirement}`)")
-    path = pathlib.Path(list(spec.submodule_search_locations)[0]) / relative
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing from the {requirement} install")
-    return path
 
 
 def sentencepiece_model_path() -> pathlib.Path:

@@ -6,22 +6,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-BACKENDS = ("sdpa", "fox", "fpa", "selective", "dcp", "nope", "alibi")
+from fpa_lightning.attention.registry import backend_entry
+from fpa_lightning.ops.fpa.naive import LEVELS as FPA_OP_LEVELS
+from fpa_lightning.ops.fpa.naive import REDUCTIONS as FPA_REDUCTIONS
+from fpa_lightning.ops.fpa.naive import check_variant
+
 POSITIONALS = ("rope", "none", "alibi")
 IMPLS = ("auto", "naive", "chunked", "fused")
-# Positional encoding each backend uses unless the config overrides it (SPEC.md §4-5).
-DEFAULT_POSITIONAL = {
-    "sdpa": "rope",
-    "selective": "rope",
-    "fox": "none",
-    "fpa": "none",
-    "dcp": "rope",
-    "nope": "none",
-    "alibi": "alibi",
-}
 FPA_FORMS = ("general", "stack")
-FPA_REDUCTIONS = ("min", "dipsum")
-FPA_LEVELS = ("key", "none", "query")
+# The op's levels plus "none" (h = 0, so ψ = W): a parameterisation, which the op sees as a key level.
+FPA_LEVELS = (*FPA_OP_LEVELS, "none")
 
 
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
@@ -34,7 +28,8 @@ class AttentionConfig:
     """Which attention backend a model uses and its options. Only the inner op differs between backends."""
 
     backend: str = "fpa"
-    """Attention backend: sdpa (softmax), fox, fpa, selective, dcp, or the probe baselines nope and alibi."""
+    """Attention backend, a name of the registry (fpa_lightning.attention.registry): sdpa (softmax), fox, fpa,
+    selective, dcp, or the probe baselines nope and alibi."""
     positional: str | None = None
     """Positional encoding: rope, none or alibi; null takes the backend's default (none for fpa/fox, rope for sdpa/selective/dcp)."""
     impl: str = "auto"
@@ -60,9 +55,9 @@ class AttentionConfig:
     """DCP: dimension of the interaction queries and keys shared across heads."""
 
     def __post_init__(self) -> None:
-        _check_choice("attention.backend", self.backend, BACKENDS)
+        entry = backend_entry(self.backend)
         if self.positional is None:
-            self.positional = DEFAULT_POSITIONAL[self.backend]
+            self.positional = entry.default_positional
         _check_choice("attention.positional", self.positional, POSITIONALS)
         _check_choice("attention.impl", self.impl, IMPLS)
         _check_choice("attention.fpa_form", self.fpa_form, FPA_FORMS)
@@ -75,14 +70,18 @@ class AttentionConfig:
         if self.backend == "fpa":
             if self.fpa_form == "stack" and self.fpa_level != "key":
                 raise ValueError("fpa_form='stack' fixes g = h = 0; fpa_level must stay 'key'")
-            if self.fpa_reduction == "dipsum" and self.fpa_level == "query":
-                raise ValueError("fpa_reduction='dipsum' is defined with the key level only (SPEC.md §5)")
+            check_variant(self.fpa_reduction, self.fpa_op_level)
             if self.skip_threshold is not None and self.skip_threshold >= 0:
                 raise ValueError(f"attention.skip_threshold must be negative, got {self.skip_threshold}")
         elif self.skip_threshold is not None:
             raise ValueError("attention.skip_threshold applies to the fpa backend only")
         if self.bias_layers is not None and any(i < 0 for i in self.bias_layers):
             raise ValueError(f"attention.bias_layers must be non-negative layer indices, got {self.bias_layers}")
+
+    @property
+    def fpa_op_level(self) -> str:
+        """The level the FPA op compares with: "query", or "key" (also for "none", where ψ = W)."""
+        return "query" if self.fpa_level == "query" else "key"
 
     def layer_has_bias(self, layer: int) -> bool:
         return self.bias_layers is None or layer in self.bias_layers

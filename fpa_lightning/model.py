@@ -2,14 +2,16 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from fpa_lightning.attention import CausalSelfAttention, LayerProbe
-from fpa_lightning.attention.backends import at_least_fp32
+from fpa_lightning.attention import BiasHook, CausalSelfAttention, LayerProbe
 from fpa_lightning.config import ModelConfig
+from fpa_lightning.ops.common import at_least_fp32
 
 
 class RMSNorm(nn.Module):
@@ -113,7 +115,20 @@ class Decoder(nn.Module):
     def attention_impls(self, device: torch.device | str) -> list[str]:
         """The inner-op implementation each layer runs on `device` (raises for a request that cannot run)."""
         device = torch.device(device)
-        return [f"{b.attn.gates.label}:{b.attn.gates.resolve_impl(device)}" for b in self.blocks]
+        return [f"{b.attn.backend.label}:{b.attn.backend.resolve_impl(device)}" for b in self.blocks]
+
+    @contextmanager
+    def bias_hooks(self, make_hook: Callable[[int], BiasHook]) -> Iterator[None]:
+        """Within the context, layer i passes every bias block through ``make_hook(i)`` (see ``BiasHook``): the
+        documented way to change attention biases from outside (cache pruning), never a patched forward."""
+        backends = [block.attn.backend for block in self.blocks]
+        for layer, backend in enumerate(backends):
+            backend.bias_hook = make_hook(layer)
+        try:
+            yield
+        finally:
+            for backend in backends:
+                backend.bias_hook = None
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

@@ -11,6 +11,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torchmetrics import MeanMetric
 
 from fpa_lightning import Decoder, ModelConfig
+from fpa_lightning.attention import AttentionBackend
 
 
 @dataclass
@@ -54,17 +55,22 @@ def lr_factor(step: int, warmup_steps: int, total_steps: int, min_lr_ratio: floa
     return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def decays(name: str, param: torch.nn.Parameter) -> bool:
-    """Whether weight decay applies to a parameter of ``Decoder`` (by its qualified name).
+def decayed_parameters(model: torch.nn.Module) -> tuple[list[torch.nn.Parameter], list[torch.nn.Parameter]]:
+    """The parameters of a ``Decoder`` split into (decayed, not decayed), by their owning module's type.
 
     Only the matrices of the blocks decay (attention qkv/out, MLP). Norm gains and biases (1-D) do
-    not: shrinking them towards 0 is not a regulariser. The embedding (tied to the output layer) does
-    not: decoupled decay shrinks every row each step, but a rare token's row gets a gradient rarely,
-    so it would decay towards 0 between its updates. Gate parameters (``*.gates.*``: FPA's field map
-    and beta, FoX's forget gate, DCP's interaction) do not: decay would pull their biases and
-    scales towards a fixed bias strength, i.e. it would regularise the method under study itself.
+    not: shrinking them towards 0 is not a regulariser. The embedding (an ``nn.Embedding``, tied to the output
+    layer) does not: decoupled decay shrinks every row each step, but a rare token's row gets a gradient rarely,
+    so it would decay towards 0 between its updates. Parameters owned by an ``AttentionBackend`` (FPA's field
+    map and beta, FoX's forget gate, DCP's interaction) do not: decay would pull their biases and scales towards
+    a fixed bias strength, i.e. it would regularise the method under study itself.
     """
-    return param.ndim >= 2 and ".gates." not in name and not name.startswith("embed.")
+    exempt = {id(p) for m in model.modules() if isinstance(m, (AttentionBackend, torch.nn.Embedding))
+              for p in m.parameters()}
+    params = [p for p in model.parameters() if p.requires_grad]  # a tied weight appears once
+    decayed = [p for p in params if p.ndim >= 2 and id(p) not in exempt]
+    chosen = {id(p) for p in decayed}
+    return decayed, [p for p in params if id(p) not in chosen]
 
 
 def fused_adamw_applies(device_type: str, precision: str) -> bool:
@@ -165,10 +171,10 @@ class LanguageModel(L.LightningModule):
             torch.nn.utils.clip_grad_norm_(self.parameters(), gradient_clip_val)
 
     def configure_optimizers(self):
-        params = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        decayed, not_decayed = decayed_parameters(self.model)
         groups = [
-            {"params": [p for n, p in params if decays(n, p)], "weight_decay": self.optim.weight_decay},
-            {"params": [p for n, p in params if not decays(n, p)], "weight_decay": 0.0},
+            {"params": decayed, "weight_decay": self.optim.weight_decay},
+            {"params": not_decayed, "weight_decay": 0.0},
         ]
         optimizer = torch.optim.AdamW(groups, lr=self.optim.lr, betas=self.optim.betas, eps=self.optim.eps,
                                       fused=self.use_fused_adamw())

@@ -62,8 +62,8 @@ def test_weight_decay_only_on_block_matrices(backend):
     assert decayed == {f"blocks.{i}.{m}" for i in range(2) for m in matrices}
     not_decayed = {names[id(p)] for p in no_decay["params"]}
     assert "embed.weight" in not_decayed  # tied with lm_head: listed once
-    assert any(".attn.gates." in n for n in not_decayed)
-    assert all(".norm" in n or "norm." in n or ".gates." in n or n == "embed.weight" for n in not_decayed)
+    assert any(".attn.backend." in n for n in not_decayed)
+    assert all(".norm" in n or "norm." in n or ".backend." in n or n == "embed.weight" for n in not_decayed)
     assert sum(p.numel() for g in optimizer.param_groups for p in g["params"]) == lm.model.num_parameters()
 
 

@@ -50,3 +50,27 @@ def test_attention_dict_is_accepted_and_110m_size():
     assert isinstance(cfg.attention, AttentionConfig)
     assert cfg.head_dim == 64
     assert 109e6 < Decoder(cfg).num_parameters() < 111e6
+
+
+def test_the_registry_is_the_one_list_of_backends():
+    from fpa_lightning.attention import BACKENDS
+
+    for name, entry in BACKENDS.items():  # every registered name is a valid config, with its default encoding
+        assert AttentionConfig(backend=name).positional == entry.default_positional
+    with pytest.raises(ValueError, match=r"attention.backend must be one of \('sdpa', 'nope', 'alibi'"):
+        AttentionConfig(backend="linear")
+
+
+def test_checkpoints_from_before_the_backend_rename_load():
+    """Layers held their backend as `gates` until the rename to `backend`; old state dicts load unchanged."""
+    import torch
+
+    cfg = ModelConfig(vocab_size=20, n_layer=1, d_model=8, n_head=2, d_mlp=8, attention=AttentionConfig(backend="fpa"))
+    torch.manual_seed(0)
+    source = Decoder(cfg)
+    old = {k.replace(".attn.backend.", ".attn.gates."): v for k, v in source.state_dict().items()}
+    assert any(".attn.gates." in k for k in old)
+    torch.manual_seed(1)
+    target = Decoder(cfg)
+    target.load_state_dict(old)
+    assert all(torch.equal(a, b) for a, b in zip(source.state_dict().values(), target.state_dict().values()))

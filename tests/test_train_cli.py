@@ -1,4 +1,4 @@
-"""train.py: --print_config of the 110M configs, and exact resume from a mid-run checkpoint."""
+"""train.py: config names, --print_config of the 110M configs, and exact resume from a mid-run checkpoint."""
 import pathlib
 
 import pytest
@@ -11,6 +11,25 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 CONFIGS_110M = sorted(REPO.glob("configs/*_110m.yaml"))
 
 
+def test_the_promised_command_finds_its_config_from_anywhere(tmp_path, monkeypatch, capsys):
+    """`python train.py fit --config fpa_110m.yaml` (README) from a folder without that file: configs/ is used."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", "fpa_110m.yaml", "--print_config"])
+    assert exit_info.value.code in (0, None)
+    captured = capsys.readouterr()
+    assert f"using config {REPO / 'configs' / 'fpa_110m.yaml'}" in captured.err
+    assert "backend: fpa" in captured.out
+    (tmp_path / "fpa_110m.yaml").write_text((REPO / "configs" / "fox_110m.yaml").read_text())
+    with pytest.raises(SystemExit):  # a file of that name in the working directory wins
+        main(["fit", "--config=fpa_110m.yaml", "--print_config"])
+    assert "backend: fox" in capsys.readouterr().out
+
+
+def test_an_unknown_config_lists_the_available_ones(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit, match=r"config 'nope\.yaml' is neither a file nor in .*available: .*fpa_110m\.yaml"):
+        main(["fit", "-c", "nope.yaml"])
 
 
 def test_all_five_110m_configs_exist():

@@ -1,5 +1,6 @@
-"""Attention: one registry of backends, the attention layer, and the probe record."""
-from fpa_lightning.attention.backends import BACKEND_CLASSES, AttentionBackend, LayerProbe, build_backend
+"""Attention: the backend contract, the biased backends, their one registry, and the attention layer."""
+from fpa_lightning.attention.base import AttentionBackend, BiasHook, LayerProbe
 from fpa_lightning.attention.layer import CausalSelfAttention
+from fpa_lightning.attention.registry import BACKENDS, backend_entry
 
-__all__ = ["BACKEND_CLASSES", "AttentionBackend", "CausalSelfAttention", "LayerProbe", "build_backend"]
+__all__ = ["BACKENDS", "AttentionBackend", "BiasHook", "CausalSelfAttention", "LayerProbe", "backend_entry"]

@@ -1,11 +1,16 @@
 """The attention layer: q/k/v/out projections and RoPE; the backend supplies gate maps and the inner op."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn as nn
 
-from fpa_lightning.attention.backends import LayerProbe, build_backend
-from fpa_lightning.config import ModelConfig
+from fpa_lightning.attention.base import AttentionBackend, LayerProbe
+from fpa_lightning.attention.registry import backend_entry
+
+if TYPE_CHECKING:
+    from fpa_lightning.config import ModelConfig
 
 
 class RotaryEmbedding(nn.Module):
@@ -40,7 +45,10 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
         self.out = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.rope = RotaryEmbedding(cfg.head_dim, cfg.attention.rope_theta) if cfg.attention.positional == "rope" else None
-        self.gates = build_backend(cfg.attention, cfg.d_model, cfg.n_head, layer)
+        # a layer excluded by bias_layers runs plain softmax with the configured positional encoding
+        backend_cls = backend_entry(cfg.attention.backend).cls if cfg.attention.layer_has_bias(layer) else AttentionBackend
+        self.backend = backend_cls(cfg.attention, cfg.d_model, cfg.n_head, cfg.head_dim)
+        self._register_load_state_dict_pre_hook(_rename_gates_to_backend)
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x (B, T, C) -> q, k, v (B, T, H, D), RoPE applied to q and k."""
@@ -51,9 +59,15 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q, k, v = self.project(x)
-        return self.out(self.gates(x, q, k, v).flatten(-2))  # (B, T, C)
+        return self.out(self.backend(x, q, k, v).flatten(-2))  # (B, T, C)
 
     @torch.no_grad()
     def probe(self, x: torch.Tensor) -> LayerProbe:
         q, k, _ = self.project(x)
-        return self.gates.probe(x, q, k)
+        return self.backend.probe(x, q, k)
+
+
+def _rename_gates_to_backend(state_dict, prefix, *args) -> None:
+    """Checkpoints written before the layer's ``gates`` attribute was renamed ``backend`` still load."""
+    for key in [k for k in state_dict if k.startswith(prefix + "gates.")]:
+        state_dict[prefix + "backend." + key[len(prefix + "gates."):]] = state_dict.pop(key)

@@ -1,4 +1,7 @@
-"""Command line of ``eval.py``: parse, check, load the checkpoint(s), run one task, write its outputs."""
+"""Command line of ``eval.py``: parse, check, load the checkpoint(s), run one task, write its outputs.
+
+The data come from outside the core: ``main`` takes a factory that builds an ``EvalData`` from ``--data``
+(``eval.py`` passes ``datamodules.EvalCorpus``)."""
 from __future__ import annotations
 
 import argparse
@@ -6,46 +9,26 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable
 
 import torch
 
 from fpa_lightning.config import IMPLS
-from fpa_lightning.evaluation import data as eval_data
-from fpa_lightning.evaluation import tasks
 from fpa_lightning.evaluation.checkpoint import CheckpointError, load_decoder
+from fpa_lightning.evaluation.data import EvalData
 from fpa_lightning.evaluation.report import write_outputs
-from fpa_lightning.evaluation.scoring import Runtime, check_edges, power_of_two_edges
+from fpa_lightning.evaluation.scoring import Runtime
+from fpa_lightning.evaluation.tasks import TASKS
 
-TASKS = {
-    "pg19_long": "per-token loss by position bucket on long test books, bootstrap CIs over books",
-    "passkey": "greedy pass-key retrieval per prompt length, exact binomial CIs, McNemar test with --compare",
-    "test_loss": "mean loss on packed test sequences, bootstrap CI; --compare: paired difference, non-inferiority",
-    "cache_prune": "loss increase and kept fraction when keys whose bias fell below a threshold are dropped",
-}
-# options that only some tasks read; giving one to another task is an error rather than silently ignored
-TASK_OPTIONS = {
-    "lengths": {"passkey", "cache_prune"},
-    "trials": {"passkey", "cache_prune"},
-    "max_len": {"pg19_long"},
-    "buckets": {"pg19_long"},
-    "min_tokens": {"pg19_long"},
-    "seq_len": {"test_loss"},
-    "batch_size": {"test_loss"},
-    "margin": {"test_loss"},
-    "thresholds": {"cache_prune"},
-    "window": {"cache_prune"},
-    "passkey_lengths": {"cache_prune"},
-    "max_docs": {"pg19_long", "test_loss", "cache_prune"},
-    "data": {"pg19_long", "test_loss", "cache_prune"},
-}
-DEFAULT_LENGTHS = {"passkey": [3072, 4096, 8192, 16384], "cache_prune": [2048, 8192]}
+# the task-specific options (argparse dests); each task lists the ones it reads, any other one is an error
+TASK_SPECIFIC_OPTIONS = sorted(set().union(*(task.options for task in TASKS.values())))
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="eval.py",
         description="Evaluate a trained checkpoint (optionally paired against a second one).\n\ntasks:\n"
-        + "\n".join(f"  {name:12s} {doc}" for name, doc in TASKS.items()),
+        + "\n".join(f"  {name:12s} {task.description}" for name, task in TASKS.items()),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--task", required=True, choices=sorted(TASKS), help="which evaluation to run")
@@ -80,14 +63,18 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: matched to the compared model's kept fraction)")
     p.add_argument("--passkey-lengths", type=int, nargs="*", help="cache_prune: pass-key lengths under pruning "
                    "(default 8192 16384; none to skip)")
+    for name, task in TASKS.items():  # options only one task reads may be defined by that task
+        if task.add_arguments is not None:
+            task.add_arguments(p.add_argument_group(f"--task {name}"))
     return p
 
 
 def check_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-    for option, users in TASK_OPTIONS.items():
-        if getattr(args, option) is not None and args.task not in users:
+    for option in TASK_SPECIFIC_OPTIONS:
+        if getattr(args, option) is not None and option not in TASKS[args.task].options:
+            users = sorted(name for name, task in TASKS.items() if option in task.options)
             parser.error(f"--{option.replace('_', '-')} does not apply to --task {args.task} "
-                         f"(used by: {', '.join(sorted(users))})")
+                         f"(used by: {', '.join(users)})")
     for option in ("max_docs", "trials", "max_len", "min_tokens", "seq_len", "batch_size", "window", "n_boot"):
         value = getattr(args, option)
         if value is not None and value < 1:
@@ -102,8 +89,9 @@ def check_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Non
         parser.error("--thresholds must be numbers (use -inf for no pruning)")
     if not 0 < args.confidence < 1:
         parser.error(f"--confidence must be in (0, 1), got {args.confidence}")
-    if args.task == "cache_prune" and args.impl not in (None, "chunked"):
-        parser.error("cache_prune simulates pruning inside the chunked path; --impl must be chunked (or left out)")
+    needed = TASKS[args.task].impl
+    if needed is not None and args.impl not in (None, needed):
+        parser.error(f"--task {args.task} runs the {needed} attention path; --impl must be {needed} (or left out)")
     if args.data is not None and not (os.path.exists(args.data) or any(c in args.data for c in "*?[")):
         parser.error(f"--data {args.data!r} does not exist")
 
@@ -117,56 +105,38 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def run_task(args: argparse.Namespace, models: list, rt: Runtime) -> tasks.TaskOutput:
-    trials = args.trials or 100
-    if args.task == "pg19_long":
-        max_len = args.max_len or 16384
-        edges = check_edges(args.buckets, max_len) if args.buckets else power_of_two_edges(max_len)
-        return tasks.pg19_long(models, rt, args.data, max_len, edges, args.min_tokens or max_len + 1, args.max_docs)
-    if args.task == "passkey":
-        return tasks.passkey(models, rt, args.lengths or DEFAULT_LENGTHS["passkey"], trials)
-    if args.task == "test_loss":
-        seq_len = args.seq_len or models[0].decoder.cfg.max_seq_len
-        return tasks.test_loss(models, rt, args.data, seq_len, args.batch_size or 4, args.max_docs,
-                               args.margin or 0.00995)
-    passkey_lengths = [8192, 16384] if args.passkey_lengths is None else args.passkey_lengths
-    return tasks.cache_prune(models, rt, args.data, args.lengths or DEFAULT_LENGTHS["cache_prune"],
-                             args.thresholds or [-10.0, -20.0, -5.0, -2.0, -1.0], args.window, passkey_lengths,
-                             trials, args.max_docs)
-
-
 def settings(args: argparse.Namespace) -> dict:
     """Every option as given (None = the task's default, resolved values are in the results)."""
     skip = {"task", "ckpt", "compare", "data", "out", "tensorboard"}
     return {k: v for k, v in vars(args).items() if k not in skip}
 
 
-def main(argv: list[str] | None = None) -> str:
-    """Run one evaluation; returns the JSON path. Errors in arguments or checkpoints exit with a message."""
+def main(argv: list[str] | None, data_factory: Callable[[str | None], EvalData]) -> str:
+    """Run one evaluation; returns the JSON path. ``data_factory(--data)`` builds the task's data. Errors in
+    arguments or checkpoints exit with a message."""
     parser = build_parser()
     args = parser.parse_args(argv)
     check_args(args, parser)
+    task = TASKS[args.task]
     try:
         device = resolve_device(args.device)
-        impl = "chunked" if args.task == "cache_prune" else args.impl
+        impl = task.impl or args.impl
         models = [load_decoder(path, device, impl) for path in filter(None, (args.ckpt, args.compare))]
+        if task.check is not None:
+            task.check(args, models)
     except (CheckpointError, ValueError, RuntimeError) as err:
         parser.error(str(err))
-    if args.task == "cache_prune":
-        try:
-            tasks.check_prune_setup(models, args.window)
-        except ValueError as err:
-            parser.error(str(err))
-    rt = Runtime(device, args.precision, args.seed, args.n_boot, args.confidence)
+    runtime = Runtime(device, args.precision, args.seed, args.n_boot, args.confidence)
+    data = data_factory(args.data)
     started = time.time()
     try:
-        output = run_task(args, models, rt)
+        output = task.run(args, models, runtime, data)
     except (ValueError, FileNotFoundError, ConnectionError) as err:  # data / length problems, stated by the task
         parser.exit(2, f"{parser.prog}: error: --task {args.task}: {err}\n")
     header = {
         "checkpoint": models[0].describe(device),
         "compare": models[1].describe(device) if len(models) == 2 else None,
-        "data": eval_data.describe(args.data) if args.task in TASK_OPTIONS["data"] else None,
+        "data": data.describe() if "data" in task.options else None,
         "settings": settings(args),
         "device": str(device),
         "seconds": round(time.time() - started, 2),

@@ -1,4 +1,4 @@
-"""The pass-key retrieval task (Mohtashami & Jaggi 2023, as used for FoX and in SPEC.md §4), built offline.
+"""The pass-key retrieval task (Mohtashami & Jaggi 2023, as used for FoX and by the paper, docs/method.md), built offline.
 
 A prompt of a fixed length in tokens: an instruction, filler sentences repeated, the key sentence at a
 chosen depth inside the filler, and a question; the answer is the 5-digit key. Prompts are assembled from

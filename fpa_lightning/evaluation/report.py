@@ -9,7 +9,7 @@ from importlib import metadata
 
 import matplotlib.pyplot as plt
 
-from fpa_lightning.evaluation.tasks import TaskOutput
+from fpa_lightning.evaluation.tasks.common import TaskOutput
 
 
 def library_versions() -> dict:

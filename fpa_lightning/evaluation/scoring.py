@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from fpa_lightning.analysis.positions import next_token_losses
 from fpa_lightning.model import Decoder
 
 
@@ -19,20 +20,19 @@ class Runtime:
     n_boot: int
     confidence: float
 
+    @property
+    def autocast_dtype(self) -> torch.dtype | None:
+        return torch.bfloat16 if self.precision == "bf16" else None
+
     def autocast(self) -> contextlib.AbstractContextManager:
         if self.precision == "bf16":
             return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
 
-@torch.no_grad()
-def token_losses(decoder: Decoder, ids: torch.Tensor, rt: Runtime) -> np.ndarray:
-    """ids (B, L) -> per-token next-token loss (B, L − 1) in nats, float64 on the host. The decoder's chunked
-    vocabulary projection keeps memory at O(L · C), never (L, V)."""
-    ids = ids.to(rt.device)
-    with rt.autocast():
-        losses = decoder.token_losses(ids[:, :-1], ids[:, 1:])
-    return losses.double().cpu().numpy()
+def token_losses(decoder: Decoder, ids: torch.Tensor, runtime: Runtime) -> np.ndarray:
+    """ids (B, L) -> per-token next-token loss (B, L − 1) in nats, float64 numpy (analysis.positions)."""
+    return next_token_losses(decoder, ids, autocast_dtype=runtime.autocast_dtype).numpy()
 
 
 def check_vocab(decoder: Decoder, max_id: int) -> None:
@@ -60,9 +60,3 @@ def check_edges(edges: list[int], max_len: int) -> list[int]:
         raise ValueError(f"bucket edges must start at 0, increase strictly and end at most at max_len={max_len}; "
                          f"got {edges}")
     return edges
-
-
-def bucket_means(losses: np.ndarray, edges: list[int]) -> np.ndarray:
-    """losses (L,) by input position t -> (K,) mean loss over t in [edges[k], edges[k+1]); NaN where the
-    document does not reach a bucket."""
-    return np.array([losses[a:b].mean() if a < len(losses) else np.nan for a, b in zip(edges, edges[1:])])

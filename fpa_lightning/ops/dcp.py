@@ -1,4 +1,4 @@
-"""Dynamic Context Pruning (Anagnostidis et al. 2023), SPEC.md §5.
+"""Dynamic Context Pruning (Anagnostidis et al. 2023), docs/method.md.
 
 Interaction queries and keys (qi, ki: (B, T, r), shared across heads) give a keep probability per
 (query, key) through the sparse sigmoid σ₂(z) = clamp((z + 1) / 2, 0, 1) (α = 2 entmax of [z, 0]);

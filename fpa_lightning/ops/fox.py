@@ -1,6 +1,6 @@
-"""FoX (Forgetting Transformer) bias, SPEC.md §5: b[t, s] = Σ_{s<u≤t} log σ(f_u) = c_t − c_s.
+"""FoX (Forgetting Transformer) bias, docs/method.md: b[t, s] = Σ_{s<u≤t} log σ(f_u) = c_t − c_s.
 
-c = cumsum(logsigmoid(f)) (B, T, H) in float32. ALiBi is the same bias with c_t = −m_h·t.
+c = cumsum(logsigmoid(f)) (B, T, H) in float32. ALiBi is the same bias with c_t = −m_h·t (ops/alibi.py).
 """
 from __future__ import annotations
 
@@ -19,14 +19,3 @@ def fox_bias(c: torch.Tensor) -> torch.Tensor:
 def fox_bias_block(c_h: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
     """Rows lo..hi-1 over keys 0..hi-1: (B, H, hi − lo, hi). c_h: (B, H, T). Entries s > t are masked later."""
     return c_h[..., lo:hi, None] - c_h[..., None, :hi]
-
-
-def alibi_slopes(n_head: int, device=None) -> torch.Tensor:
-    """ALiBi's geometric head slopes 2^(−8·(h+1)/H), (H,)."""
-    return torch.pow(2.0, -8.0 * torch.arange(1, n_head + 1, device=device, dtype=torch.float32) / n_head)
-
-
-def alibi_cumulative(slopes: torch.Tensor, batch: int, T: int) -> torch.Tensor:
-    """ALiBi as a FoX-style cumulative gate: c_t = −m_h·t, (B, T, H)."""
-    t = torch.arange(T, device=slopes.device, dtype=torch.float32)
-    return (-t[:, None] * slopes[None, :]).expand(batch, T, -1)

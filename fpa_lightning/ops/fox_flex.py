@@ -6,7 +6,7 @@ q, k, v: (B, T, H, D); log_gate_cumsum c: (B, T, H) fp32, c = cumsum of logsigmo
 Bias b[t, s] = c_t − c_s, causal. Gradients flow to q, k, v and c. CUDA only: no silent fallback.
 
 The score_mod indexes two tensors, `c` for the query side and `c.clone()` for the key side: indexing
-one grad-requiring tensor twice does not compile for training (KERNEL_NOTES.md, "the trap").
+one grad-requiring tensor twice does not compile for training (docs/kernel.md, "FlexAttention").
 """
 from __future__ import annotations
 

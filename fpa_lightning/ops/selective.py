@@ -1,4 +1,4 @@
-"""Selective Attention (Leviathan et al. 2024), SPEC.md §5.
+"""Selective Attention (Leviathan et al. 2024), docs/method.md.
 
 Selection logits S come from one head's attention logits (head 0), ReLU, with the BOS column (key 0) and
 the diagonal zeroed; F[t, s] = Σ_{t'<t} S[t', s] (shifted so a token only masks later queries) is

@@ -9,7 +9,8 @@ from fpa_lightning import AttentionConfig, Decoder, ModelConfig
 from fpa_lightning.ops.blockwise import blockwise_attention
 from fpa_lightning.ops.fox import fox_bias, fox_bias_block
 from fpa_lightning.ops.fpa.chunked import chunked_fpa_attention
-from fpa_lightning.ops.fpa.naive import dense_attention, naive_fpa_attention
+from fpa_lightning.ops.common import dense_attention
+from fpa_lightning.ops.fpa.naive import naive_fpa_attention
 
 VOCAB = 61
 VARIANTS = {
@@ -60,8 +61,8 @@ def test_chunked_equals_materialised_in_float64(variant, T):
     assert naive_grads.keys() == chunked_grads.keys()
     for name, grad in naive_grads.items():
         torch.testing.assert_close(chunked_grads[name], grad, rtol=1e-9, atol=1e-10, msg=name)
-    if T > 1 and "gates" in "".join(naive_grads):  # the gates receive a gradient at all
-        assert any(g.abs().sum() > 0 for n, g in naive_grads.items() if "gates" in n), variant
+    if T > 1 and ".backend." in "".join(naive_grads):  # the gate maps receive a gradient at all
+        assert any(g.abs().sum() > 0 for n, g in naive_grads.items() if ".backend." in n), variant
 
 
 @pytest.mark.parametrize("impl", ["naive", "chunked"])
@@ -108,17 +109,17 @@ def test_probe_bias_rows_equal_dense_bias(variant):
         x = block.attn_norm(model.embed(ids)) if block is model.blocks[0] else None
         if x is None:
             continue
-        gates = block.attn.gates
+        backend = block.attn.backend
         q, k, _ = block.attn.project(x)
-        dense = gates.dense_bias(gates.ingredients(x, q, k))
+        dense = backend.dense_bias(backend.ingredients(x, q, k))
         torch.testing.assert_close(layer_probe.bias(), dense.expand_as(layer_probe.bias()), rtol=0, atol=1e-12)
         torch.testing.assert_close(layer_probe.bias(7, 19, block_size=5), layer_probe.bias()[..., 7:19, :19])
 
 
-def test_layer_without_bias_has_no_gates():
+def test_layer_without_bias_has_no_gate_maps():
     model = tiny_model("fpa-no-layer1-bias", "chunked")
-    assert not any(True for _ in model.blocks[0].attn.gates.parameters())
-    assert any(True for _ in model.blocks[1].attn.gates.parameters())
+    assert not any(True for _ in model.blocks[0].attn.backend.parameters())
+    assert any(True for _ in model.blocks[1].attn.backend.parameters())
     probes = model.probe(torch.zeros(1, 5, dtype=torch.long))
     assert [p.backend for p in probes] == ["none", "fpa"]
     assert model.attention_impls("cpu") == ["softmax:chunked", "fpa:chunked"]

@@ -87,7 +87,7 @@ def test_split_encoding_equals_whole(tok):
 
 
 def test_cached_and_fast_second_time(tok):
-    from datamodules.tokenizer import cache_dir
+    from datamodules.files import cache_dir
 
     cached = list(cache_dir().glob("mistral-7b-v0.1-tokenizer-*.json"))
     assert len(cached) == 1

@@ -1,65 +1,7 @@
-"""Fixtures: tiny checkpoints saved by a real Lightning Trainer from the project's LanguageModel (d_model 32,
-2 layers)."""
+"""Fixtures of the evaluation tests (the tiny checkpoints are in tests/conftest.py)."""
 import pytest
-import torch
-
-TINY = dict(vocab_size=32000, n_layer=2, d_model=32, n_head=2, d_mlp=64, max_seq_len=64)
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """These tiny ops only lose to thread synchronisation on a shared 2-core machine; restored per module
-    so tests elsewhere keep their thread count."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _one_thread(one_thread_per_module):
     yield
-    torch.set_num_threads(threads)
-
-
-def tiny_module(backend: str, seed: int = 0, **attention):
-    """A LanguageModel whose gate maps are randomised: the ALiBi-like initialisation has every FPA key dead
-    (φ = ψ strictly decreasing); random maps give a mix of alive and dead keys, as a trained model has."""
-    from modules.language_model import LanguageModel
-
-    from fpa_lightning import ModelConfig
-
-    torch.manual_seed(seed)
-    module = LanguageModel(ModelConfig(**TINY, attention={"backend": backend, "block_size": 16, **attention}))
-    with torch.no_grad():
-        for block in module.model.blocks:
-            gate = getattr(block.attn.gates, "gate", None)
-            if gate is not None:
-                gate.weight.normal_(0.0, 2.0)
-    return module
-
-
-def save_checkpoint(module, path) -> str:
-    """One optimiser step through a Trainer, then Trainer.save_checkpoint: the real checkpoint format."""
-    import lightning as L
-
-    ids = torch.randint(3, 32000, (2, 17))
-    batches = [{"input_ids": ids[:, :-1], "labels": ids[:, 1:]}]
-    trainer = L.Trainer(max_steps=1, accelerator="cpu", logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)
-    trainer.fit(module, train_dataloaders=torch.utils.data.DataLoader(batches, batch_size=None))
-    trainer.save_checkpoint(path)
-    return str(path)
-
-
-@pytest.fixture(scope="session")
-def ckpts(tmp_path_factory):
-    """{backend: checkpoint path} for fpa, fox and sdpa (softmax with RoPE)."""
-    folder = tmp_path_factory.mktemp("ckpts")
-    return {b: save_checkpoint(tiny_module(b, seed=i), folder / f"{b}.ckpt") for i, b in enumerate(("fpa", "fox", "sdpa"))}
-
-
-@pytest.fixture(scope="session")
-def make_module():
-    return tiny_module
-
-
-@pytest.fixture(scope="session")
-def tokenizer():
-    from datamodules import mistral_tokenizer
-
-    return mistral_tokenizer()

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from fpa_lightning.evaluation.cli import main
+from eval import main
 
 FAST = ["--n-boot", "200"]
 

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from fpa_lightning.ops.fox_flex import fox_flex_attention
-from fpa_lightning.ops.fpa.naive import dense_attention
+from fpa_lightning.ops.common import dense_attention
 
 NAMES = ("out", "dq", "dk", "dv", "dc")
 

@@ -56,7 +56,7 @@ def tile_paths(inputs):
     A tile (J < I) may take the fast path when mid(J, I) = min phi over the blocks strictly between
     is <= min_s suf_J(s); the kernel walks J = I-1 .. 0 and takes it below the lowest J that may not."""
     phi = inputs[3]  # (B, T, H)
-    BS = fused_mod._block_size(inputs[0].shape[-1], phi.shape[1])
+    BS = fused_mod._block_size()
     nB = phi.shape[1] // BS  # whole blocks: every off-diagonal key block is whole
     blocks = phi[:, : nB * BS].unflatten(1, (nB, BS))  # (B, nB, BS, H)
     bmin = blocks.amin(dim=2)  # (B, nB, H)
@@ -174,7 +174,7 @@ def test_rerun_is_deterministic():
 
 
 def test_every_output_element_is_written(monkeypatch):
-    monkeypatch.setattr(fused_mod, "POISON_OUTPUTS", True)
+    monkeypatch.setattr(fused_mod, "TEST_HOOK_POISON_OUTPUTS", True)
     inputs, do = make_inputs(1, 21, 2, 16, drift=-0.5, seed=6)
     got = run(fpa_attention, inputs, do, torch.float32, DEV)
     for name, g in zip(NAMES, got):
@@ -304,7 +304,7 @@ def test_gpu_all_alive_and_deterministic_and_written(monkeypatch):
     inputs, do = make_inputs(2, 1000, 2, 64, alive=True, seed=14)
     got = run(fpa_attention, inputs, do, torch.bfloat16, "cuda")
     assert (got[4] == 0).all() and (got[5] == 0).all() and (got[6] == 0).all()
-    monkeypatch.setattr(fused_mod, "POISON_OUTPUTS", True)
+    monkeypatch.setattr(fused_mod, "TEST_HOOK_POISON_OUTPUTS", True)
     inputs, do = make_inputs(2, 1001, 2, 64, drift=-0.2, seed=15)
     a = run(fpa_attention, inputs, do, torch.bfloat16, "cuda")
     b = run(fpa_attention, inputs, do, torch.bfloat16, "cuda")

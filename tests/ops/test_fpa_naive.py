@@ -1,4 +1,4 @@
-"""naive_fpa_attention against a brute-force loop over SPEC.md §2, in float64: outputs and all gradients."""
+"""naive_fpa_attention against a brute-force loop over the definition in docs/method.md, in float64: outputs and all gradients."""
 import math
 
 import pytest
@@ -10,7 +10,7 @@ DT = torch.float64
 
 
 def brute_force_fpa(q, k, v, phi, psi, beta):
-    """One (batch, head, query) at a time, one key at a time: the formula of SPEC.md §2 read literally.
+    """One (batch, head, query) at a time, one key at a time: the formula of docs/method.md read literally.
 
     Range minimum: exact value, soft-minimum gradient (τ = 1) through a straight-through estimator.
     """
@@ -84,7 +84,7 @@ def test_key_at_its_level_is_alive_and_gets_no_gradient():
 
 
 def test_bias_is_depth_not_duration():
-    """SPEC.md §1: a dead key's bias is set by the deepest dip, whatever its length."""
+    """docs/method.md: a dead key's bias is set by the deepest dip, whatever its length."""
     T = 8
     short_dip = torch.zeros(1, T, 1, dtype=DT)
     short_dip[0, 3] = -2.0  # one step at depth 2

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from fpa_lightning.ops.dcp import dcp_attention_gpu, dcp_bias
-from fpa_lightning.ops.fpa.naive import dense_attention
+from fpa_lightning.ops.common import dense_attention
 from fpa_lightning.ops.selective import selective_attention_gpu, selective_bias
 
 DEVICES = [("cpu", torch.float32), pytest.param("cuda", torch.bfloat16, marks=pytest.mark.gpu)]

@@ -1,4 +1,4 @@
-"""FPA's bias one query block at a time (the block decomposition of KERNEL_NOTES.md), in PyTorch.
+"""FPA's bias one query block at a time (the block decomposition of docs/kernel.md), in PyTorch.
 
 For query rows t in [lo, hi) and keys s < lo the range (s, t] splits into (s, lo) and [lo, t]:
     M(s, t) = min(R(s), pre(t)),  R(s) = min φ over (s, lo),  pre(t) = min φ over [lo, t],
@@ -11,18 +11,19 @@ from __future__ import annotations
 import torch
 
 from fpa_lightning.ops.blockwise import blockwise_attention, grow_carry
-from fpa_lightning.ops.fpa.naive import _FAR, check_variant, straight_through_range_min
+from fpa_lightning.ops.common import FAR
+from fpa_lightning.ops.fpa.naive import check_variant, straight_through_range_min
 
 
 def _before_block_range_min(phi_h: torch.Tensor, lo: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact and soft minimum of φ over (s, lo) for each key s < lo. phi_h (B, H, T) -> two (B, H, lo).
 
-    The empty range (s = lo − 1) is +_FAR: it never wins the exact minimum and adds e^{−_FAR} = 0 to the soft one.
+    The empty range (s = lo − 1) is +FAR: it never wins the exact minimum and adds e^{−FAR} = 0 to the soft one.
     """
     later = phi_h[..., 1:lo]  # φ_u for u in [1, lo): the range of key s starts at s + 1
     exact = later.flip(-1).cummin(dim=-1).values.flip(-1)
     soft = -(-later).flip(-1).logcumsumexp(dim=-1).flip(-1)
-    far = phi_h.new_full((*phi_h.shape[:-1], 1), _FAR)
+    far = phi_h.new_full((*phi_h.shape[:-1], 1), FAR)
     return torch.cat([exact, far], dim=-1), torch.cat([soft, far], dim=-1)
 
 

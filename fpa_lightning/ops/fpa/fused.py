@@ -17,24 +17,24 @@ import os
 import torch
 import triton
 
-from fpa_lightning.ops.fpa import kernels as _k
+from fpa_lightning.ops.fpa import kernels
 
-_HEAD_DIMS = (16, 32, 64, 128)
-_QKV_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+HEAD_DIMS = (16, 32, 64, 128)
+"""Head dims the kernels are built for (the attention backends refuse others for impl='fused')."""
+QKV_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
-# Test hook: when True, every output buffer starts as NaN, so an element a kernel forgets to write
-# shows up in the result instead of hiding behind torch.empty's leftovers.
-POISON_OUTPUTS = False
+# Test hook, for tests only: when True, every output buffer starts as NaN, so an element a kernel forgets to
+# write shows up in the result instead of hiding behind torch.empty's leftovers.
+TEST_HOOK_POISON_OUTPUTS = False
 
 
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def _block_size(D: int, T: int) -> int:
-    if _interpreting():
-        return 16
-    return 64
+def _block_size() -> int:
+    """Rows and columns of a tile: 64 on the GPU, 16 in the interpreter (its tests stay tiny)."""
+    return 16 if _interpreting() else 64
 
 
 def _chunk() -> int:
@@ -44,7 +44,7 @@ def _chunk() -> int:
 
 
 def _empty(shape, *, dtype, device):
-    if POISON_OUTPUTS:
+    if TEST_HOOK_POISON_OUTPUTS:
         return torch.full(shape, float("nan"), dtype=dtype, device=device)
     return torch.empty(shape, dtype=dtype, device=device)
 
@@ -84,7 +84,7 @@ def _prep(phi, psi, BS):
     flat = _empty((6 * BH * Tp + 3 * BH * nB,), dtype=torch.float32, device=phi.device)
     phip, psip, suf, zsuf, pre, zpre = flat[: 6 * BH * Tp].view(6, BH, Tp).unbind(0)
     bmin, zblk, minsuf = flat[6 * BH * Tp:].view(3, BH, nB).unbind(0)
-    _k._fpa_prep_kernel[(nB, BH)](
+    kernels._fpa_prep_kernel[(nB, BH)](
         phi, psi, phi.stride(0), phi.stride(1), phi.stride(2),
         phip, psip, suf, zsuf, pre, zpre, bmin, zblk, minsuf,
         T, H, Tp, nB, BS=BS, **({} if _interpreting() else {"num_warps": 1}),
@@ -94,43 +94,43 @@ def _prep(phi, psi, BS):
 
 class _FPAFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, phi, psi, beta, scale, thr):
+    def forward(ctx, q, k, v, phi, psi, beta, scale, skip_threshold):
         B, T, H, D = q.shape
-        BS = _block_size(D, T)
+        BS = _block_size()
         nB = triton.cdiv(T, BS)
         Tp = nB * BS
         prep = _prep(phi, psi, BS)
         phip, psip, suf, zsuf, pre, zpre, bmin, zblk, minsuf = prep
         o = _empty((B, T, H, D), dtype=q.dtype, device=q.device)
         lse = _empty((B * H, Tp), dtype=torch.float32, device=q.device)
-        skip = thr is not None
+        skip = skip_threshold is not None
         prec = "ieee" if q.dtype == torch.float32 else "tf32"
         need_grad = any(ctx.needs_input_grad[:6])
         o32 = _empty((B * H, Tp, D), dtype=torch.float32, device=q.device) if need_grad else lse
-        _k._fpa_fwd_kernel[(nB, B * H)](
+        kernels._fpa_fwd_kernel[(nB, B * H)](
             q, k, v, o, o32, lse,
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
             phip, psip, suf, pre, bmin, beta,
-            T, H, Tp, nB, scale, float(thr) if skip else 0.0,
+            T, H, Tp, nB, scale, float(skip_threshold) if skip else 0.0,
             BS=BS, D=D, SKIP=skip, PREC=prec, STORE32=need_grad, **_launch_cfg(D, "fwd"),
         )
         ctx.save_for_backward(q, k, v, beta, o32, lse, *prep)
-        ctx.cfg = (scale, thr, BS)
+        ctx.cfg = (scale, skip_threshold, BS)
         return o
 
     @staticmethod
     def backward(ctx, do):
         q, k, v, beta, o32, lse, phip, psip, suf, zsuf, pre, zpre, bmin, zblk, minsuf = ctx.saved_tensors
-        scale, thr, BS = ctx.cfg
+        scale, skip_threshold, BS = ctx.cfg
         B, T, H, D = q.shape
         nB = triton.cdiv(T, BS)
         Tp = nB * BS
         BH = B * H
         dev = q.device
-        skip = thr is not None
+        skip = skip_threshold is not None
         prec = "ieee" if q.dtype == torch.float32 else "tf32"
-        thr_f = float(thr) if skip else 0.0
+        threshold = float(skip_threshold) if skip else 0.0
         if do.stride(-1) != 1:
             do = do.contiguous()
         dq = _empty(q.shape, dtype=q.dtype, device=dev)
@@ -139,31 +139,31 @@ class _FPAFunction(torch.autograd.Function):
         delta = _empty((BH, Tp), dtype=torch.float32, device=dev)
         csum = _empty((BH, Tp), dtype=torch.float32, device=dev)
         # a_s partials per (query block I, key position s) and kappa[J, I]: only J < I is written and read
-        apart = _empty((BH, nB, Tp), dtype=torch.float32, device=dev)
+        a_partial = _empty((BH, nB, Tp), dtype=torch.float32, device=dev)
         kappa = _empty((BH, nB, nB), dtype=torch.float32, device=dev)
         dphi = _empty((BH, Tp), dtype=torch.float32, device=dev)
         dpsi = _empty((BH, Tp), dtype=torch.float32, device=dev)
         dbeta = _empty((BH, Tp), dtype=torch.float32, device=dev)
         qkv_strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                        v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))
-        _k._fpa_bwd_dq_kernel[(nB, BH)](
+        kernels._fpa_bwd_dq_kernel[(nB, BH)](
             q, k, v, do, dq, *qkv_strides, dq.stride(0), dq.stride(1), dq.stride(2),
             lse, o32, delta, phip, psip, suf, zsuf, pre, zpre, bmin, zblk, minsuf, beta,
-            csum, apart, kappa,
-            T, H, Tp, nB, scale, thr_f,
+            csum, a_partial, kappa,
+            T, H, Tp, nB, scale, threshold,
             BS=BS, D=D, SKIP=skip, PREC=prec, FAST=not _interpreting(), CB=_chunk(), **_launch_cfg(D, "dq"),
         )
-        _k._fpa_bwd_dkdv_kernel[(nB, BH)](
+        kernels._fpa_bwd_dkdv_kernel[(nB, BH)](
             q, k, v, do, dk, dv, *qkv_strides,
             dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
             lse, delta, phip, psip, suf, pre, bmin, beta,
             dpsi, dbeta,
-            T, H, Tp, nB, scale, thr_f,
+            T, H, Tp, nB, scale, threshold,
             BS=BS, D=D, SKIP=skip, PREC=prec, **_launch_cfg(D, "dkdv"),
         )
-        _k._fpa_field_kernel[(nB, BH)](
+        kernels._fpa_field_kernel[(nB, BH)](
             q, k, v, do, *qkv_strides,
-            lse, delta, phip, psip, suf, pre, bmin, beta, kappa, csum, apart, dphi,
+            lse, delta, phip, psip, suf, pre, bmin, beta, kappa, csum, a_partial, dphi,
             T, H, Tp, nB, scale,
             BS=BS, D=D, CB=_chunk(), PREC=prec,
         )
@@ -186,9 +186,9 @@ def _check(q, k, v, phi, psi, beta, scale, skip_threshold):
                          f"{tuple(k.shape)}, {tuple(v.shape)}")
     if T < 1 or B < 1 or H < 1:
         raise ValueError(f"fpa_attention: empty input shape {tuple(q.shape)}")
-    if D not in _HEAD_DIMS:
-        raise ValueError(f"fpa_attention: head dim D must be one of {_HEAD_DIMS}, got {D}")
-    if q.dtype not in _QKV_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+    if D not in HEAD_DIMS:
+        raise ValueError(f"fpa_attention: head dim D must be one of {HEAD_DIMS}, got {D}")
+    if q.dtype not in QKV_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
         raise ValueError(f"fpa_attention: q, k, v must share one dtype among bf16, fp16, fp32; got "
                          f"{q.dtype}, {k.dtype}, {v.dtype}")
     if phi.shape != (B, T, H) or psi.shape != (B, T, H):

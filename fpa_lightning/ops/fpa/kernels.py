@@ -2,12 +2,12 @@
 
 Layout: q, k, v, o, do, dq, dk, dv are (B, T, H, D) tensors addressed by strides. Every per-position
 field quantity lives in a padded (B*H, Tp) fp32 buffer (Tp = nB * BS), per-block ones in (B*H, nB).
-One block size BS serves queries, keys and the field decomposition of KERNEL_NOTES.md:
+One block size BS serves queries, keys and the field decomposition of docs/kernel.md:
 
     M(s, t) = min(suf_J(s), mid(J, I), pre_I(t))          J < I
     M(s, t) = masked cumulative min inside the block       J = I
 
-The backward is the stable straight-through form of KERNEL_NOTES.md: every exponent argument ≤ 0.
+The backward is the stable straight-through form of docs/kernel.md: every exponent argument ≤ 0.
 All field arithmetic is fp32; FAR (1e30) stands for +inf so that empty ranges stay finite.
 
 Launch order, per call: prep (block minima, normalisers) -> forward; in the backward, dq (query-major:
@@ -19,8 +19,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-FAR_VALUE = 1.0e30
-FAR = tl.constexpr(FAR_VALUE)
+from fpa_lightning.ops import common
+
+FAR = tl.constexpr(common.FAR)
 LOG2E = tl.constexpr(1.4426950408889634)
 
 
@@ -101,11 +102,11 @@ def _fpa_prep_kernel(
 
 
 @triton.jit
-def _keep_tile(suf, psi, mid, phi_start, beta, thr):
+def _keep_tile(suf, psi, mid, phi_start, beta, threshold):
     # Upper bound on the bias of every pair of a (query block, key block) tile: for s in J < I and
-    # t in I, M(s, t) <= suf_J(s), M <= mid(J, I), M <= phi(start of I). Keep unless below thr.
+    # t in I, M(s, t) <= suf_J(s), M <= mid(J, I), M <= phi(start of I). Keep unless below threshold.
     ub = tl.max(tl.minimum(tl.minimum(mid, phi_start), suf) - psi, axis=0)
-    return beta * tl.minimum(ub, 0.0) >= thr
+    return beta * tl.minimum(ub, 0.0) >= threshold
 
 
 @triton.jit
@@ -124,12 +125,12 @@ def _fwd_tile(q, K, V, b, h, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d,
 
 
 @triton.jit
-def _dq_tile(q, do, K, V, APART, KAPPA, b, h, bh, I, J, nB, fbase, Tp,
+def _dq_tile(q, do, K, V, A_PARTIAL, KAPPA, b, h, bh, I, J, nB, Tp,
              s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d,
              suf, zsuf, psi, mid, zmid, pre_i, zpre_i, lse, delta, beta, sl2, bl2, dq, c,
              PREC: tl.constexpr, FAST: tl.constexpr, GENERAL: tl.constexpr):
     # One off-diagonal tile [t (queries of I), s (keys of J)], J < I: dq and the field sums of
-    # KERNEL_NOTES.md step 2 (c_t accumulated here, a_s and kappa[J, I] stored).
+    # docs/kernel.md, step 2 (c_t accumulated here, a_s and kappa[J, I] stored).
     # Padded query rows have lse = +inf, so p = ds = r = 0 there without a mask.
     k = tl.load(K + b * s_kb + h * s_kh + offs_n[:, None] * s_kt + offs_d[None, :])
     v = tl.load(V + b * s_vb + h * s_vh + offs_n[:, None] * s_vt + offs_d[None, :])
@@ -160,7 +161,7 @@ def _dq_tile(q, do, K, V, APART, KAPPA, b, h, bh, I, J, nB, fbase, Tp,
         r = gm * _recip(f * X[None, :] + zpre_i[:, None] * e3, FAST)
         c += beta * tl.sum(r * e3, axis=1)
         s_f = tl.sum(r * f, axis=0)
-        tl.store(APART + (bh * nB + I) * Tp + offs_n, (beta * rho1) * s_f)
+        tl.store(A_PARTIAL + (bh * nB + I) * Tp + offs_n, (beta * rho1) * s_f)
         tl.store(KAPPA + (bh * nB + J) * nB + I, beta * tl.sum(rho2 * s_f, axis=0))
     else:
         # y_t = e^{m_t - mid}, e3_t = e^{m_t - pre_t}, es_s = e^{mid - suf_s}: Z' = y_t x_s + zpre_t e3_t,
@@ -173,7 +174,7 @@ def _dq_tile(q, do, K, V, APART, KAPPA, b, h, bh, I, J, nB, fbase, Tp,
         row = tl.sum(r, axis=1)
         c += beta * e3 * row
         tl.store(KAPPA + (bh * nB + J) * nB + I, beta * tl.sum(y * row, axis=0))
-        tl.store(APART + (bh * nB + I) * Tp + offs_n, (beta * es) * tl.sum(r * y[:, None], axis=0))
+        tl.store(A_PARTIAL + (bh * nB + I) * Tp + offs_n, (beta * es) * tl.sum(r * y[:, None], axis=0))
     return dq, c
 
 
@@ -212,7 +213,7 @@ def _fpa_fwd_kernel(
     Q, K, V, O, O32, LSE,
     s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_ot, s_oh,
     PHIP, PSIP, SUF, PRE, BMIN, BETA,
-    T, H, Tp, nB, qk_scale, thr,
+    T, H, Tp, nB, qk_scale, threshold,
     BS: tl.constexpr, D: tl.constexpr, SKIP: tl.constexpr, PREC: tl.constexpr, STORE32: tl.constexpr,
 ):
     I = tl.num_programs(0) - 1 - tl.program_id(0)  # long rows first: a shorter tail
@@ -258,7 +259,7 @@ def _fpa_fwd_kernel(
         psi = tl.load(PSIP + fbase + offs_n)
         keep = True
         if SKIP:
-            keep = _keep_tile(suf, psi, mid, phi_start, beta, thr)
+            keep = _keep_tile(suf, psi, mid, phi_start, beta, threshold)
         if keep:
             m_i, l_i, acc = _fwd_tile(q, K, V, b, h, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d,
                                       suf, psi, mid, pre_i, sl2, bl2, m_i, l_i, acc, PREC)
@@ -299,8 +300,8 @@ def _fpa_bwd_dq_kernel(
     Q, K, V, DO, DQ,
     s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_ot, s_oh, s_dqb, s_dqt, s_dqh,
     LSE, O32, DELTA, PHIP, PSIP, SUF, ZSUF, PRE, ZPRE, BMIN, ZBLK, MINSUF, BETA,
-    CSUM, APART, KAPPA,
-    T, H, Tp, nB, qk_scale, thr,
+    CSUM, A_PARTIAL, KAPPA,
+    T, H, Tp, nB, qk_scale, threshold,
     BS: tl.constexpr, D: tl.constexpr, SKIP: tl.constexpr, PREC: tl.constexpr, FAST: tl.constexpr,
     CB: tl.constexpr,
 ):
@@ -353,14 +354,14 @@ def _fpa_bwd_dq_kernel(
     zmid = 0.0
     J1 = _first_general_block(BMIN, MINSUF, bh, I, nB, CB)
     for jj in range(0, I - J1):
-        dq, c, mid, zmid = _dq_step(q, do, K, V, SUF, ZSUF, PSIP, BMIN, ZBLK, APART, KAPPA, b, h, bh, I, I - 1 - jj,
+        dq, c, mid, zmid = _dq_step(q, do, K, V, SUF, ZSUF, PSIP, BMIN, ZBLK, A_PARTIAL, KAPPA, b, h, bh, I, I - 1 - jj,
                                     nB, fbase, Tp, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_d, mid, zmid,
-                                    pre_i, zpre_i, lse, delta, beta, sl2, bl2, phi_start, thr, dq, c,
+                                    pre_i, zpre_i, lse, delta, beta, sl2, bl2, phi_start, threshold, dq, c,
                                     BS, SKIP, PREC, FAST, True)
     for jj in range(I - J1, I):
-        dq, c, mid, zmid = _dq_step(q, do, K, V, SUF, ZSUF, PSIP, BMIN, ZBLK, APART, KAPPA, b, h, bh, I, I - 1 - jj,
+        dq, c, mid, zmid = _dq_step(q, do, K, V, SUF, ZSUF, PSIP, BMIN, ZBLK, A_PARTIAL, KAPPA, b, h, bh, I, I - 1 - jj,
                                     nB, fbase, Tp, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_d, mid, zmid,
-                                    pre_i, zpre_i, lse, delta, beta, sl2, bl2, phi_start, thr, dq, c,
+                                    pre_i, zpre_i, lse, delta, beta, sl2, bl2, phi_start, threshold, dq, c,
                                     BS, SKIP, PREC, FAST, False)
 
     tl.store(DQ + b * s_dqb + h * s_dqh + offs_m[:, None] * s_dqt + offs_d[None, :],
@@ -370,26 +371,26 @@ def _fpa_bwd_dq_kernel(
 
 
 @triton.jit
-def _dq_step(q, do, K, V, SUF, ZSUF, PSIP, BMIN, ZBLK, APART, KAPPA, b, h, bh, I, J, nB, fbase, Tp,
+def _dq_step(q, do, K, V, SUF, ZSUF, PSIP, BMIN, ZBLK, A_PARTIAL, KAPPA, b, h, bh, I, J, nB, fbase, Tp,
              s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_d, mid, zmid, pre_i, zpre_i, lse, delta, beta, sl2, bl2,
-             phi_start, thr, dq, c, BS: tl.constexpr, SKIP: tl.constexpr, PREC: tl.constexpr, FAST: tl.constexpr,
+             phi_start, threshold, dq, c, BS: tl.constexpr, SKIP: tl.constexpr, PREC: tl.constexpr, FAST: tl.constexpr,
              GENERAL: tl.constexpr):
     # key block J of the query-major walk: its tile (a skipped tile contributes nothing, but the field
-    # kernel reads every J < I entry of APART and KAPPA), then block J joins mid and zmid
+    # kernel reads every J < I entry of A_PARTIAL and KAPPA), then block J joins mid and zmid
     offs_n = J * BS + tl.arange(0, BS)
     suf = tl.load(SUF + fbase + offs_n)
     zsuf = tl.load(ZSUF + fbase + offs_n)
     psi = tl.load(PSIP + fbase + offs_n)
     keep = True
     if SKIP:
-        keep = _keep_tile(suf, psi, mid, phi_start, beta, thr)
+        keep = _keep_tile(suf, psi, mid, phi_start, beta, threshold)
     if keep:
-        dq, c = _dq_tile(q, do, K, V, APART, KAPPA, b, h, bh, I, J, nB, fbase, Tp,
+        dq, c = _dq_tile(q, do, K, V, A_PARTIAL, KAPPA, b, h, bh, I, J, nB, Tp,
                          s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d,
                          suf, zsuf, psi, mid, zmid, pre_i, zpre_i, lse, delta, beta, sl2, bl2,
                          dq, c, PREC, FAST, GENERAL)
     else:
-        tl.store(APART + (bh * nB + I) * Tp + offs_n, tl.zeros([BS], tl.float32))
+        tl.store(A_PARTIAL + (bh * nB + I) * Tp + offs_n, tl.zeros([BS], tl.float32))
         tl.store(KAPPA + (bh * nB + J) * nB + I, 0.0)
     bm = tl.load(BMIN + bh * nB + J)
     zb = tl.load(ZBLK + bh * nB + J)
@@ -408,7 +409,7 @@ def _fpa_bwd_dkdv_kernel(
     s_dkb, s_dkt, s_dkh, s_dvb, s_dvt, s_dvh,
     LSE, DELTA, PHIP, PSIP, SUF, PRE, BMIN, BETA,
     DPSI, DBETA,
-    T, H, Tp, nB, qk_scale, thr,
+    T, H, Tp, nB, qk_scale, threshold,
     BS: tl.constexpr, D: tl.constexpr, SKIP: tl.constexpr, PREC: tl.constexpr,
 ):
     J = tl.program_id(0)
@@ -456,7 +457,7 @@ def _fpa_bwd_dkdv_kernel(
         keep = True
         if SKIP:
             phi_start = tl.load(PHIP + fbase + I * BS)
-            keep = _keep_tile(suf, psi, mid, phi_start, beta, thr)
+            keep = _keep_tile(suf, psi, mid, phi_start, beta, threshold)
         if keep:
             dk, dv, dpsi, dbeta = _dkdv_tile(
                 k, v, Q, DO, LSE, DELTA, PRE, b, h, I, fbase, T,
@@ -473,10 +474,10 @@ def _fpa_bwd_dkdv_kernel(
 
 
 # ---------------------------------------------------------------------------------------------
-# the field kernel, per block K: the diagonal block's field gradient (KERNEL_NOTES.md step 4) and
+# the field kernel, per block K: the diagonal block's field gradient (docs/kernel.md, step 4) and
 # the scatters of step 3 into dphi_u, u in K:
 #   middle:       exp(bmin_K - phi_u) * sum_{J<K<I} kappa[J, I] exp(mid(J, I) - bmin_K)
-#   key suffix:   sum_{s < u in K} a_s exp(suf(s) - phi_u),     a_s = sum over I > K of APART
+#   key suffix:   sum_{s < u in K} a_s exp(suf(s) - phi_u),     a_s = sum over I > K of A_PARTIAL
 #   query prefix: sum_{t >= u in K} c_t exp(pre(t) - phi_u)
 # ---------------------------------------------------------------------------------------------
 @triton.jit
@@ -509,7 +510,7 @@ def _diagonal_field_grad(Q, K, V, DO, b, h, s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, 
 def _fpa_field_kernel(
     Q, K, V, DO,
     s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_ot, s_oh,
-    LSE, DELTA, PHIP, PSIP, SUF, PRE, BMIN, BETA, KAPPA, CSUM, APART, DPHI,
+    LSE, DELTA, PHIP, PSIP, SUF, PRE, BMIN, BETA, KAPPA, CSUM, A_PARTIAL, DPHI,
     T, H, Tp, nB, qk_scale,
     BS: tl.constexpr, D: tl.constexpr, CB: tl.constexpr, PREC: tl.constexpr,
 ):
@@ -554,7 +555,7 @@ def _fpa_field_kernel(
     # key-suffix sums of this block, a_s = sum over query blocks I > K (fixed order: deterministic)
     a = tl.zeros([BS], tl.float32)
     for I in range(Kb + 1, nB):
-        a += tl.load(APART + (bh * nB + I) * Tp + offs)
+        a += tl.load(A_PARTIAL + (bh * nB + I) * Tp + offs)
     c = tl.load(CSUM + fbase + offs)
     suf = tl.load(SUF + fbase + offs)
     pre = tl.load(PRE + fbase + offs)

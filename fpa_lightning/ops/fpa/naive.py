@@ -1,4 +1,4 @@
-"""The readable definition of FPA (path-minimum forgetting attention), SPEC.md §2.
+"""The readable definition of FPA (path-minimum forgetting attention), docs/method.md.
 
     b[t, s] = β · min(0, min_{s<u≤t} φ_u − ψ_s)   for s < t,   b[t, t] = 0,   s > t masked.
 
@@ -11,15 +11,12 @@ Everything is materialised as (B, H, T, T): O(T²) memory, any dtype (float64 fo
 """
 from __future__ import annotations
 
-import math
-
 import torch
 
-# A finite stand-in for ±inf in the masked (u ≤ s) part of the range tensors. exp(−_FAR − x) is
-# exactly 0 for any field value a model can produce, and it keeps every intermediate finite, so
-# masked entries can never turn a zero gradient into NaN (0·inf) in the backward pass.
-_FAR = 1e30
+from fpa_lightning.ops.common import FAR, dense_attention
 
+# The FPA variants the op defines (docs/method.md): the path minimum or the sum of dips (ablation), compared with
+# the key's level ψ_s or the query's ψ_t (ablation). "No level" (h = 0) is a parameterisation, ψ = W: a key level.
 REDUCTIONS = ("min", "dipsum")
 LEVELS = ("key", "query")
 
@@ -31,10 +28,10 @@ def straight_through_range_min(phi_rows: torch.Tensor, in_range: torch.Tensor) -
     in_range: (U, S) bool, True where u belongs to the range that ends at row u (i.e. u > s).
     Returns (..., U, S): entry [t, s] = min of phi over rows u ≤ t with in_range[u, s];
     value = exact minimum, gradient = soft minimum's (τ = 1). Entries with an empty range are
-    huge (≥ _FAR / 2) and must be masked by the caller.
+    huge (≥ FAR / 2) and must be masked by the caller.
     """
-    exact = torch.where(in_range, phi_rows, _FAR).cummin(dim=-2).values
-    soft = -torch.where(in_range, -phi_rows, -_FAR).logcumsumexp(dim=-2)
+    exact = torch.where(in_range, phi_rows, FAR).cummin(dim=-2).values
+    soft = -torch.where(in_range, -phi_rows, -FAR).logcumsumexp(dim=-2)
     return soft + (exact - soft).detach()
 
 
@@ -71,33 +68,13 @@ def fpa_bias(
 
 
 def check_variant(reduction: str, level: str) -> None:
-    """Raise for an FPA variant that SPEC.md does not define."""
+    """Raise for an FPA variant that docs/method.md does not define."""
     if reduction not in REDUCTIONS:
         raise ValueError(f"FPA reduction must be one of {REDUCTIONS}, got {reduction!r}")
     if level not in LEVELS:
         raise ValueError(f"FPA level must be one of {LEVELS} ('none' is h = 0, a key level), got {level!r}")
     if reduction == "dipsum" and level == "query":
-        raise ValueError("FPA ablations combine dipsum with the key level only (SPEC.md §5); got level='query'")
-
-
-def dense_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, *, scale: float | None = None
-) -> torch.Tensor:
-    """Causal softmax attention with an additive bias, materialised.
-
-    q, k, v: (B, T, H, D); bias: (B, H or 1, T, T) or None. Returns (B, T, H, D).
-    Scores and softmax run in the promoted dtype of q and bias (float32 at least).
-    """
-    T, D = q.shape[1], q.shape[-1]
-    scale = 1.0 / math.sqrt(D) if scale is None else scale
-    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale  # (B, H, T, T)
-    work_dtype = torch.promote_types(scores.dtype, torch.float32)
-    scores = scores.to(work_dtype)
-    if bias is not None:
-        scores = scores + bias.to(work_dtype)
-    causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
-    probs = scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
-    return torch.einsum("bhqk,bkhd->bqhd", probs.to(v.dtype), v)
+        raise ValueError("FPA ablations combine dipsum with the key level only (docs/method.md); got level='query'")
 
 
 def naive_fpa_attention(
@@ -109,9 +86,15 @@ def naive_fpa_attention(
     beta: torch.Tensor,
     *,
     scale: float | None = None,
+    reduction: str = "min",
+    level: str = "key",
+    segment_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal FPA attention, the reference: q, k, v (B, T, H, D); phi, psi (B, T, H); beta (H,).
 
-    Returns (B, T, H, D). Exact range-minimum forward, straight-through soft-minimum backward.
+    Returns (B, T, H, D). Exact range-minimum forward, straight-through soft-minimum backward. ``reduction`` and
+    ``level`` select the variant (``fpa_bias``); ``segment_ids`` (B, T) restricts every query to keys of its own
+    document (a path (s, t] inside one document never crosses a boundary, so the field needs no restart here).
     """
-    return dense_attention(q, k, v, fpa_bias(phi, psi, beta), scale=scale)
+    bias = fpa_bias(phi, psi, beta, reduction=reduction, level=level)
+    return dense_attention(q, k, v, bias, scale=scale, segment_ids=segment_ids)

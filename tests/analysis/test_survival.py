@@ -5,14 +5,15 @@ import math
 import pytest
 import torch
 
-from callbacks.head_stats import (
+from fpa_lightning.analysis.survival import (
     count_nonsuffix_heads,
     document_starts,
+    effective_query_start,
     layer_survival,
+    measure_heads,
     pooled_boundary_ratio,
     walk_steps,
 )
-from callbacks.head_survival import effective_query_start, measure_heads
 from fpa_lightning.attention import LayerProbe
 from fpa_lightning.attention.backends import FpaBackend
 from fpa_lightning.config import AttentionConfig, ModelConfig
@@ -107,7 +108,7 @@ def test_blockwise_statistics_match_a_naive_reference(backend):
     model = Decoder(cfg)
     with torch.no_grad():  # random gate maps so alive sets have holes and deaths (the inits are smooth decays)
         for name, p in model.named_parameters():
-            if "gates" in name or "qkv" in name:
+            if "backend" in name or "qkv" in name:
                 p.normal_(0.0, 1.0)
     ids = torch.randint(0, 50, (2, 40))
     segments = torch.tensor([[0] * 10 + [1] * 17 + [2] * 13, [0] * 25 + [1] * 15])

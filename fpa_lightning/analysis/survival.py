@@ -1,4 +1,5 @@
-"""Head statistics of attention biases (SPEC.md §4 "Observations"): pure functions, tensors in, numbers out.
+"""Head statistics of attention biases (docs/method.md, "Published figures": the paper's observations): which keys
+each head keeps alive. Pure tensor maths, shared by the head-survival callback and any evaluation.
 
 Definitions (every backend, from its bias b[t, s]; for FPA b = β·min(0, min_{s<u≤t} φ_u − ψ_s)):
 
@@ -22,7 +23,7 @@ materialised as (T, T); a layer-shared bias (Selective Attention, DCP) has a hea
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -156,3 +157,71 @@ def walk_steps(phi: torch.Tensor, psi: torch.Tensor) -> dict[str, torch.Tensor]:
         out[f"{name}_step_mean"] = step.mean(0)
         out[f"{name}_step_std"] = step.std(0, correction=0)
     return out
+
+
+@dataclass
+class HeadReport:
+    """What one measurement found, per layer with a bias (per-head tensors are (n_head,))."""
+
+    query_start: int
+    layers: dict[int, LayerSurvival]
+    beta: dict[int, torch.Tensor] = field(default_factory=dict)  # FPA layers only
+    walk: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)  # FPA layers only
+    nonsuffix_at_least: float = 0.10
+
+    def alive_fractions(self) -> torch.Tensor:
+        """(n_layers_with_bias, n_head) alive fractions."""
+        return torch.stack([s.alive_fraction for s in self.layers.values()])
+
+    def nonsuffix_fractions(self) -> torch.Tensor:
+        return torch.stack([s.nonsuffix_fraction for s in self.layers.values()])
+
+    def summary(self) -> dict[str, float]:
+        alive = self.alive_fractions()
+        return {
+            "median_alive_fraction": float(alive.flatten().quantile(0.5)),
+            "nonsuffix_heads": count_nonsuffix_heads(self.nonsuffix_fractions(), self.nonsuffix_at_least),
+            "heads_with_bias": alive.numel(),
+            "boundary_ratio": pooled_boundary_ratio(self.layers.values()),
+        }
+
+
+def effective_query_start(query_start: int, seq_len: int) -> int:
+    """query_start, or seq_len // 2 when the probe sequence does not reach past it (short-context runs)."""
+    return query_start if query_start < seq_len else seq_len // 2
+
+
+@torch.no_grad()
+def measure_heads(
+    model,
+    input_ids: torch.Tensor,
+    segment_ids: torch.Tensor,
+    query_start: int = 1024,
+    threshold: float = -1.0,
+    nonsuffix_at_least: float = 0.10,
+    block_size: int = 256,
+) -> HeadReport:
+    """Head statistics of `model` (a Decoder) on input_ids, segment_ids (B, T); query_start must be < T."""
+    n_head = model.cfg.n_head
+    report = HeadReport(query_start, {}, nonsuffix_at_least=nonsuffix_at_least)
+    with torch.autocast(input_ids.device.type, enabled=False):  # bias math in float32 under mixed precision
+        for layer, probe in enumerate(model.probe(input_ids)):
+            if probe.backend == "none":
+                continue
+            stats = layer_survival(probe.row_blocks(block_size), segment_ids, query_start, threshold)
+            report.layers[layer] = _per_head(stats, n_head)
+            if probe.backend == "fpa":
+                report.beta[layer] = probe.ingredients["beta"].double().cpu()
+                walk = walk_steps(probe.ingredients["phi"], probe.ingredients["psi"])
+                report.walk[layer] = {k: v.cpu() for k, v in walk.items()}
+    if not report.layers:
+        raise ValueError("the model has no attention layer with a bias; there is nothing to measure")
+    return report
+
+
+def _per_head(stats: LayerSurvival, n_head: int) -> LayerSurvival:
+    """A layer-shared bias (1 head) applies to every head: repeat its per-head tensors to n_head."""
+    if stats.alive_fraction.numel() == n_head:
+        return stats
+    fields = {k: (v.expand(n_head).clone() if isinstance(v, torch.Tensor) else v) for k, v in vars(stats).items()}
+    return LayerSurvival(**fields)

@@ -1,8 +1,8 @@
-"""The statistics are float32 under mixed precision: the callbacks switch autocast off around their own work."""
+"""The statistics are float32 under mixed precision: the analysis functions switch autocast off around their work."""
 import torch
 
-from callbacks.head_survival import measure_heads
-from callbacks.long_context import loss_by_position
+from fpa_lightning.analysis.positions import loss_by_position, uniform_edges
+from fpa_lightning.analysis.survival import measure_heads
 from fpa_lightning.config import AttentionConfig, ModelConfig
 from fpa_lightning.model import Decoder
 
@@ -19,10 +19,10 @@ def test_bf16_autocast_does_not_change_the_statistics():
     segments = (torch.arange(32) >= 20).long().expand(2, -1)
     docs = [torch.randint(0, 50, (80,))]
     plain = measure_heads(model, ids, segments, query_start=16, block_size=8)
-    plain_loss = loss_by_position(model, docs, window=64, bucket_size=16)
+    plain_loss = loss_by_position(model, docs, uniform_edges(64, 16))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         mixed = measure_heads(model, ids, segments, query_start=16, block_size=8)
-        mixed_loss = loss_by_position(model, docs, window=64, bucket_size=16)
+        mixed_loss = loss_by_position(model, docs, uniform_edges(64, 16))
         assert model(ids[:, :8]).dtype == torch.bfloat16  # autocast is really on here
     assert torch.equal(plain.layers[0].alive_fraction, mixed.layers[0].alive_fraction)
     assert torch.equal(plain.layers[0].nonsuffix_fraction, mixed.layers[0].nonsuffix_fraction)

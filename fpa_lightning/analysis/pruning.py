@@ -1,4 +1,4 @@
-"""KV-cache pruning simulated in the parallel (chunked) forward pass.
+"""KV-cache pruning: the eviction rule, its bookkeeping, and its simulation in the parallel (chunked) forward pass.
 
 Decoding with a pruned cache drops key s from the cache at the first step t at which the rule rejects it,
 and the key never returns. In the parallel forward the same thing is a mask: pair (t, s) is removed iff the
@@ -12,8 +12,8 @@ a time, carrying a per-key "evicted" flag from block to block, so the simulation
 * window rule (the comparison for softmax): key s is kept while t − s < window.
 
 The newest key (s = t) is never pruned: it was just written, and every query keeps at least one key.
-Layers without a bias keep every key under the threshold rule. The patch replaces each attention backend's
-forward on the instance only for the duration of the context; training code is untouched.
+Layers without a bias keep every key under the threshold rule (their bias is 0). The rule reaches the layers
+through the documented bias hook (``Decoder.bias_hooks``), which runs the chunked path; training code is untouched.
 """
 from __future__ import annotations
 
@@ -23,9 +23,7 @@ from typing import Iterator
 
 import torch
 
-from fpa_lightning.attention.backends import AttentionBackend
 from fpa_lightning.model import Decoder
-from fpa_lightning.ops.blockwise import blockwise_attention
 
 
 @dataclass(frozen=True)
@@ -42,7 +40,8 @@ class PruneRule:
             raise ValueError(f"window must be >= 1, got {self.window}")
 
     def rejected(self, bias: torch.Tensor | None, rows: torch.Tensor, keys: torch.Tensor) -> torch.Tensor | None:
-        """Pairs the rule rejects at their own step: (B, H or 1, n, hi) bool, or None (rejects nothing)."""
+        """Pairs the rule rejects at their own step: (B, H or 1, n, hi) or (n, hi) bool; None: it rejects nothing
+        (the threshold rule on a layer without a bias)."""
         if self.window is not None:
             return (rows[:, None] - keys[None, :]) >= self.window  # (n, hi), broadcast over batch and heads
         return None if bias is None else bias < self.threshold
@@ -83,61 +82,46 @@ class KeptStats:
         }
 
 
-def _prune_block(
-    rule: PruneRule, bias: torch.Tensor | None, lo: int, hi: int, evicted: torch.Tensor | None,
-    stats: KeptStats, layer: int,
-) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """Bias rows lo..hi-1 with evicted pairs at −inf, and the per-key evicted flags after row hi − 1.
+class PruningHook:
+    """The bias hook (``BiasHook``) of one layer under a prune rule: pairs whose key was evicted go to −inf.
 
-    bias: (B, H or 1, n, hi) or None. evicted: (B, H or 1, lo) bool flags for keys < lo, or None before any.
+    Query blocks arrive in order (rows lo..hi-1 over keys 0..hi-1); the carry holds the per-key evicted flags
+    (B, H or 1, lo) after row lo − 1, so a key rejected once stays out for every later query.
     """
-    device = bias.device if bias is not None else None  # None only for a bias-less layer under the threshold rule
-    rows = torch.arange(lo, hi, device=device)
-    keys = torch.arange(hi, device=device)
-    causal = keys[None, :] <= rows[:, None]  # (n, hi)
-    rejected = rule.rejected(bias, rows, keys)
-    if rejected is None:  # nothing is ever pruned in this layer (threshold rule, no bias): keep all keys
-        n = hi - lo
-        stats.fraction_sum[layer] += float(n)
-        stats.rows[layer] += n
-        stats.kept_pairs[layer] += int(causal.sum())
-        stats.causal_pairs[layer] += int(causal.sum())
-        return bias, evicted
-    rejected = rejected & causal
-    # evicted at row t = rejected at some row t' ≤ t (cumulative OR down the rows), or before this block
-    evicted_rows = rejected.to(torch.uint8).cummax(dim=-2).values.bool()  # (B, H or 1, n, hi) or (n, hi)
-    if evicted is not None:
-        evicted_rows = evicted_rows | torch.nn.functional.pad(evicted, (0, hi - lo))[..., None, :]
-    kept = ~evicted_rows & causal | (keys[None, :] == rows[:, None])  # the newest key is always kept
-    if kept.dim() == 2:  # the window rule broadcasts over batch and heads
-        kept = kept[None, None]
-    kept_rows = kept.sum(dim=-1).float()  # (B, H or 1, n)
-    stats.fraction_sum[layer] += float((kept_rows / (rows + 1).float()).sum())
-    stats.rows[layer] += kept_rows.numel()
-    stats.kept_pairs[layer] += int(kept_rows.sum())
-    stats.causal_pairs[layer] += int(causal.sum()) * (kept_rows.numel() // (hi - lo))  # per (batch, head)
-    stats.revived_pairs[layer] += int((evicted_rows & ~rejected & causal & (keys[None, :] != rows[:, None])).sum())
-    # bias is a tensor here: the window rule always gets one (zeros for a layer without a bias)
-    return bias.masked_fill(~kept, float("-inf")), evicted_rows.expand_as(kept)[..., -1, :]
 
+    def __init__(self, rule: PruneRule, stats: KeptStats, layer: int):
+        self.rule, self.stats, self.layer = rule, stats, layer
 
-def _pruned_forward(backend: AttentionBackend, rule: PruneRule, stats: KeptStats, layer: int):
-    """A replacement for ``backend.forward``: the chunked path with the rule applied to every bias block."""
+    def __call__(self, bias: torch.Tensor | None, rows: torch.Tensor, keys: torch.Tensor,
+                 evicted: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        hi = keys.shape[0]
+        causal = keys[None, :] <= rows[:, None]  # (n, hi)
+        newest = keys[None, :] == rows[:, None]
+        rejected = self.rule.rejected(bias, rows, keys)
+        if rejected is None:  # nothing is ever pruned in this layer: every key kept
+            self._count(causal[None, None], rows, causal, torch.zeros(()))
+            return bias, evicted
+        if bias is None:  # the window rule on a layer without a bias of its own
+            bias = torch.zeros((1, 1, rows.shape[0], hi), device=rows.device)
+        rejected = rejected & causal
+        # evicted at row t = rejected at some row t' ≤ t (cumulative OR down the rows), or before this block
+        evicted_rows = rejected.to(torch.uint8).cummax(dim=-2).values.bool()  # (B, H or 1, n, hi) or (n, hi)
+        if evicted is not None:
+            evicted_rows = evicted_rows | torch.nn.functional.pad(evicted, (0, hi - evicted.shape[-1]))[..., None, :]
+        kept = ~evicted_rows & causal | newest  # the newest key is always kept
+        if kept.dim() == 2:  # the window rule broadcasts over batch and heads
+            kept = kept[None, None]
+        self._count(kept, rows, causal, evicted_rows & ~rejected & causal & ~newest)
+        return bias.masked_fill(~kept, float("-inf")), evicted_rows.expand_as(kept)[..., -1, :]
 
-    def forward(x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        ing = backend.bias_ingredients(x, q, k)
-
-        def bias_block(lo: int, hi: int, carry):
-            inner, evicted = carry if carry is not None else (None, None)
-            bias, inner = backend.bias_block(ing, lo, hi, inner)  # (None, None) for a layer without a bias
-            if bias is None and rule.window is not None:
-                bias = q.new_zeros((1, 1, hi - lo, hi), dtype=torch.float32)
-            bias, evicted = _prune_block(rule, bias, lo, hi, evicted, stats, layer)
-            return bias, (inner, evicted)
-
-        return blockwise_attention(q, k, v, bias_block, scale=backend.scale, block_size=backend.cfg.block_size)
-
-    return forward
+    def _count(self, kept: torch.Tensor, rows: torch.Tensor, causal: torch.Tensor, revived: torch.Tensor) -> None:
+        stats, layer = self.stats, self.layer
+        kept_rows = kept.sum(dim=-1).float()  # (B, H or 1, n)
+        stats.fraction_sum[layer] += float((kept_rows / (rows + 1).float()).sum())
+        stats.rows[layer] += kept_rows.numel()
+        stats.kept_pairs[layer] += int(kept_rows.sum())
+        stats.causal_pairs[layer] += int(causal.sum()) * (kept_rows.numel() // rows.shape[0])  # per (batch, head)
+        stats.revived_pairs[layer] += int(revived.sum())
 
 
 @contextmanager
@@ -145,14 +129,8 @@ def pruned_cache(decoder: Decoder, rule: PruneRule) -> Iterator[KeptStats]:
     """Within the context every attention layer of ``decoder`` runs with the pruning rule; yields the kept-key
     statistics, accumulated over every forward pass made inside the context."""
     stats = KeptStats.empty(len(decoder.blocks))
-    backends = [block.attn.gates for block in decoder.blocks]
-    for layer, backend in enumerate(backends):
-        backend.forward = _pruned_forward(backend, rule, stats, layer)  # instance attribute shadows the method
-    try:
+    with decoder.bias_hooks(lambda layer: PruningHook(rule, stats, layer)):
         yield stats
-    finally:
-        for backend in backends:
-            del backend.forward
 
 
 def window_for_fraction(fraction: float, length: int) -> int:

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from fpa_lightning.evaluation.checkpoint import load_decoder
-from fpa_lightning.evaluation.pruning import PruneRule, pruned_cache, window_for_fraction
+from fpa_lightning.analysis.pruning import PruneRule, pruned_cache, window_for_fraction
 
 T = 96  # several query blocks of 16
 
@@ -106,7 +106,7 @@ def test_context_restores_the_model(ckpts, ids):
     with pytest.raises(RuntimeError, match="inside"):
         with pruned_cache(decoder, PruneRule(threshold=-0.1)):
             raise RuntimeError("inside")
-    assert all("forward" not in b.attn.gates.__dict__ for b in decoder.blocks)
+    assert all(b.attn.backend.bias_hook is None for b in decoder.blocks)
     assert torch.equal(losses(decoder, ids), reference)
 
 

@@ -1,0 +1,204 @@
+"""The attention backend contract: per-head gate maps (the bias ingredients) and the inner op in three
+implementations, plus the probe record and the bias hook.
+
+Every backend computes softmax(q·kᵀ/√D + bias)·v with its own bias. The attention layer owns the q/k/v/out
+projections and RoPE; a backend owns only the small gate maps that produce its bias ingredients and the
+inner op, available as
+  naive   — the readable definition, (T, T) materialised;
+  chunked — block-wise PyTorch, O(T·block) memory (CPU, and wherever no fused kernel applies);
+  fused   — the fast path (SDPA for softmax, FlexAttention for FoX, the Triton kernel for FPA, SDPA with a
+            layer-shared bias for Selective Attention and DCP).
+The base class is plain causal softmax (no bias); the peers in ``backends.py`` add their gate maps and bias.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from fpa_lightning.ops.alibi import alibi_cumulative, alibi_slopes
+from fpa_lightning.ops.blockwise import blockwise_attention
+from fpa_lightning.ops.common import dense_attention
+from fpa_lightning.ops.fox import fox_bias, fox_bias_block
+
+Ingredients = dict[str, torch.Tensor]
+
+BiasHook = Callable[[torch.Tensor | None, torch.Tensor, torch.Tensor, Any], tuple[torch.Tensor | None, Any]]
+"""``hook(bias, query_positions, key_positions, carry) -> (bias, carry)``: sees every block of bias rows a layer
+computes, before its softmax, and returns the bias to use.
+
+bias: (B, H or 1, n, K) float32, the rows of queries ``query_positions`` (n,) over keys ``key_positions`` (K,);
+entries of future keys (s > t) are ignored by the caller; None for a layer without a bias (return None to add none).
+carry: whatever the hook returned for the previous block of the same pass (None for the first block).
+Installed with ``Decoder.bias_hooks``; a hooked layer runs its chunked path (a fused kernel cannot call back).
+Cache pruning (``fpa_lightning.analysis.pruning``) is the hook's first user.
+"""
+
+
+@dataclass
+class LayerProbe:
+    """One layer's bias ingredients for a batch (float32, no grad), from the probe path.
+
+    backend: the name of the bias ("fpa", "fox", "selective", "dcp", "alibi"), or "none" for a layer without one.
+    ingredients: FPA: phi, psi (B, T, H), beta (H,); FoX: log_gate_cumsum (B, T, H); Selective: q0, k0 (B, T, D)
+    of the selecting head; DCP: qi, ki (B, T, r), offset; ALiBi: log_gate_cumsum (B, T, H).
+    """
+
+    backend: str
+    ingredients: Ingredients = field(default_factory=dict)
+    owner: AttentionBackend | None = None
+
+    def row_blocks(self, block_size: int = 256, end: int | None = None) -> Iterator[tuple[int, torch.Tensor]]:
+        """The bias in one pass, block by block: (lo, rows lo..hi-1 over keys 0..hi-1 as (B, H or 1, hi − lo, hi),
+        −inf where s > t), up to row `end` (default T). Each block is computed once, its carry passed on."""
+        T = next(iter(self.ingredients.values())).shape[1]
+        end = T if end is None else end
+        carry = None
+        for lo in range(0, end, block_size):
+            hi = min(end, lo + block_size)
+            block, carry = self.owner.bias_block(self.ingredients, lo, hi, carry)
+            rows = torch.arange(lo, hi, device=block.device)[:, None]
+            yield lo, block.masked_fill(torch.arange(hi, device=block.device)[None, :] > rows, float("-inf"))
+
+    def bias(self, lo: int = 0, hi: int | None = None, block_size: int = 256) -> torch.Tensor | None:
+        """Bias rows lo..hi-1 over keys 0..hi-1: (B, H or 1, hi − lo, hi), −inf where s > t; None without a bias.
+
+        Every block before `lo` is computed too (a carry can need them): to stream all rows, use row_blocks."""
+        if self.owner is None or self.backend == "none":
+            return None
+        hi = next(iter(self.ingredients.values())).shape[1] if hi is None else hi
+        rows = [
+            F.pad(block, (0, hi - block.shape[-1]), value=float("-inf"))[..., max(lo - start, 0) :, :]
+            for start, block in self.row_blocks(block_size, end=hi)
+            if start + block.shape[-2] > lo
+        ]
+        return torch.cat(rows, dim=-2)
+
+
+class AttentionBackend(nn.Module):
+    """Base: plain causal softmax (no bias); subclasses add gate maps and a bias.
+
+    Parameters owned by a backend (its gate maps) are the mechanism under study: the optimiser exempts them
+    from weight decay by this owning type (``modules.language_model``).
+    """
+
+    has_bias = False
+    fused_needs_cuda = False  # SDPA runs on any device
+
+    def __init__(self, cfg, d_model: int, n_head: int, head_dim: int):
+        """cfg: the model's ``AttentionConfig`` (``fpa_lightning.config``, which sits above this package)."""
+        super().__init__()
+        self.cfg = cfg
+        self.n_head, self.head_dim = n_head, head_dim
+        self.scale = 1.0 / math.sqrt(head_dim)
+        self.alibi = cfg.positional == "alibi"
+        if self.alibi:
+            self.register_buffer("alibi_slope", alibi_slopes(n_head), persistent=False)
+        self.bias_hook: BiasHook | None = None
+
+    # --- what a subclass provides -------------------------------------------------------------------
+    def ingredients(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> Ingredients:
+        """Bias ingredients from the layer input x (B, T, C) and q, k (B, T, H, D), in float32."""
+        return {}
+
+    def own_bias(self, ingredients: Ingredients) -> torch.Tensor | None:
+        """The backend's bias for all pairs, (B, H or 1, T, T) (materialised)."""
+        return None
+
+    def own_bias_block(self, ingredients: Ingredients, lo: int, hi: int, carry):
+        """Rows lo..hi-1 of the backend's bias over keys 0..hi-1 and the carry for the next block."""
+        return None, None
+
+    def fused_unsupported_reason(self) -> str | None:
+        """Why the fused path cannot run this configuration (None: it can)."""
+        return "ALiBi is not part of a fused kernel" if self.alibi else None
+
+    def fused(self, q, k, v, ingredients: Ingredients) -> torch.Tensor:
+        return F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+        ).transpose(1, 2)
+
+    # --- shared machinery ---------------------------------------------------------------------------
+    def positional_bias(self, batch: int, T: int, device) -> Ingredients:
+        if not self.alibi:
+            return {}
+        return {"alibi_cumsum": alibi_cumulative(self.alibi_slope.to(device), batch, T)}
+
+    def bias_block(self, ingredients: Ingredients, lo: int, hi: int, carry):
+        bias, carry = self.own_bias_block(ingredients, lo, hi, carry)
+        if "alibi_cumsum" in ingredients:
+            alibi = fox_bias_block(ingredients["alibi_cumsum"].transpose(1, 2), lo, hi)
+            bias = alibi if bias is None else bias + alibi
+        return bias, carry
+
+    def dense_bias(self, ingredients: Ingredients) -> torch.Tensor | None:
+        bias = self.own_bias(ingredients)
+        if "alibi_cumsum" in ingredients:
+            alibi = fox_bias(ingredients["alibi_cumsum"])
+            bias = alibi if bias is None else bias + alibi
+        return bias
+
+    def bias_ingredients(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> Ingredients:
+        """Everything the bias of this layer needs: the gate maps' ingredients (outside autocast, so float32)
+        and the positional ALiBi term if configured."""
+        with torch.autocast(q.device.type, enabled=False):
+            ingredients = self.ingredients(x, q, k)
+        ingredients.update(self.positional_bias(q.shape[0], q.shape[1], q.device))
+        return ingredients
+
+    def resolve_impl(self, device: torch.device) -> str:
+        """The implementation that will run on `device`; raises for a request that cannot be met."""
+        impl, reason = self.cfg.impl, self.fused_unsupported_reason()
+        if impl == "auto":
+            usable = reason is None and (device.type == "cuda" or not self.fused_needs_cuda)
+            return "fused" if usable else "chunked"
+        if impl == "fused":
+            if reason is not None:
+                raise ValueError(f"attention.impl='fused' is not available for backend {self.cfg.backend!r}: {reason}")
+            if self.fused_needs_cuda and device.type != "cuda":
+                raise RuntimeError(
+                    f"attention.impl='fused' for backend {self.cfg.backend!r} needs a CUDA GPU; "
+                    "use impl='chunked' (or 'auto') on a CPU"
+                )
+        return impl
+
+    def forward(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q, k, v (B, T, H, D) -> (B, T, H, D)."""
+        impl = self.resolve_impl(q.device)
+        ingredients = self.bias_ingredients(x, q, k)
+        if self.bias_hook is not None:
+            return self._hooked_chunked(q, k, v, ingredients)
+        if impl == "fused":
+            return self.fused(q, k, v, ingredients)
+        if impl == "naive":
+            return dense_attention(q, k, v, self.dense_bias(ingredients), scale=self.scale)
+        bias_block = (lambda lo, hi, carry: self.bias_block(ingredients, lo, hi, carry)) if ingredients else None
+        return blockwise_attention(q, k, v, bias_block, scale=self.scale, block_size=self.cfg.block_size)
+
+    def _hooked_chunked(self, q, k, v, ingredients: Ingredients) -> torch.Tensor:
+        """The chunked path with every bias block passed through the bias hook."""
+
+        def bias_block(lo: int, hi: int, carry):
+            inner, hook_carry = carry if carry is not None else (None, None)
+            bias, inner = self.bias_block(ingredients, lo, hi, inner)  # bias None for a layer without one
+            rows, keys = torch.arange(lo, hi, device=q.device), torch.arange(hi, device=q.device)
+            bias, hook_carry = self.bias_hook(bias, rows, keys, hook_carry)
+            return bias, (inner, hook_carry)
+
+        return blockwise_attention(q, k, v, bias_block, scale=self.scale, block_size=self.cfg.block_size)
+
+    @torch.no_grad()
+    def probe(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> LayerProbe:
+        if not self.has_bias:
+            return LayerProbe("none")
+        return LayerProbe(self.label, self.ingredients(x, q, k), owner=self)
+
+    @property
+    def label(self) -> str:
+        """The bias this layer carries: the backend's name, or "softmax" for a layer without one."""
+        return self.cfg.backend if self.has_bias else "softmax"

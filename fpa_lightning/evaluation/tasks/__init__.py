@@ -1,0 +1,16 @@
+"""The evaluation tasks, one module each; this registry is what ``eval.py --task`` accepts.
+
+A task module defines ``TASK`` (a ``Task``: description, the options it reads, its runner) and the function that
+does the work on loaded checkpoints. A new task is a new module plus one line here (docs in README, "Evaluation").
+"""
+from fpa_lightning.evaluation.tasks import cache_prune, passkey, pg19_long, test_loss
+from fpa_lightning.evaluation.tasks.common import Task, TaskOutput
+
+TASKS: dict[str, Task] = {
+    "pg19_long": pg19_long.TASK,
+    "passkey": passkey.TASK,
+    "test_loss": test_loss.TASK,
+    "cache_prune": cache_prune.TASK,
+}
+
+__all__ = ["TASKS", "Task", "TaskOutput"]

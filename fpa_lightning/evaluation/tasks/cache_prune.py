@@ -1,0 +1,150 @@
+"""cache_prune: loss increase and kept fraction when keys whose bias fell below a threshold are dropped (simulated
+in the chunked forward pass, analysis.pruning), and pass-key success under the first threshold."""
+from __future__ import annotations
+
+import argparse
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from fpa_lightning.analysis.pruning import PruneRule, pruned_cache, window_for_fraction
+from fpa_lightning.evaluation.checkpoint import LoadedModel
+from fpa_lightning.evaluation.data import EvalData
+from fpa_lightning.evaluation.passkey import PasskeyBuilder
+from fpa_lightning.evaluation.scoring import Runtime, check_vocab, token_losses
+from fpa_lightning.evaluation.stats import clopper_pearson
+from fpa_lightning.evaluation.tasks.common import Task, TaskOutput, errorbar, intervals, label
+from fpa_lightning.evaluation.tasks.passkey import score_all
+
+DEFAULT_LENGTHS = [2048, 8192]
+
+
+def run(args: argparse.Namespace, models: list[LoadedModel], runtime: Runtime, data: EvalData) -> TaskOutput:
+    passkey_lengths = [8192, 16384] if args.passkey_lengths is None else args.passkey_lengths
+    return cache_prune(models, runtime, data, args.lengths or DEFAULT_LENGTHS,
+                       args.thresholds or [-10.0, -20.0, -5.0, -2.0, -1.0], args.window, passkey_lengths,
+                       args.trials or 100, args.max_docs)
+
+
+def check(args: argparse.Namespace, models: list[LoadedModel]) -> None:
+    check_prune_setup(models, args.window)
+
+
+def has_bias(model: LoadedModel) -> bool:
+    return any(block.attn.backend.has_bias for block in model.decoder.blocks)
+
+
+def _doc_losses(model: LoadedModel, docs: list, runtime: Runtime) -> np.ndarray:
+    """Mean loss per document, (N,)."""
+    return np.array([float(token_losses(model.decoder, d[None], runtime).mean()) for d in docs])
+
+
+def _rules(model: LoadedModel, thresholds: list[float], partner_fractions: list[float] | None,
+           window: int | None, length: int) -> list[PruneRule]:
+    """Threshold rules for a model with a bias; for one without, a sliding window: the given one, or per
+    threshold the window whose mean kept fraction matches the partner model's."""
+    if has_bias(model):
+        return [PruneRule(threshold=t) for t in thresholds]
+    if window is not None:
+        return [PruneRule(window=window)]
+    return [PruneRule(window=window_for_fraction(f, length)) for f in partner_fractions]
+
+
+def check_prune_setup(models: list[LoadedModel], window: int | None) -> None:
+    """Fail before any compute when a model without a bias has no window to compare with."""
+    if window is None and not any(has_bias(m) for m in models):
+        raise ValueError("cache_prune: a checkpoint without an attention bias (softmax) is pruned with a sliding "
+                         "window; give --window, or --compare it with a checkpoint that has a bias (FPA, FoX) "
+                         "to match that model's kept fraction")
+
+
+def cache_prune(models: list[LoadedModel], runtime: Runtime, data: EvalData, lengths: list[int],
+                thresholds: list[float], window: int | None, passkey_lengths: list[int], n_trials: int,
+                max_docs: int | None) -> TaskOutput:
+    """Loss increase from dropping keys whose bias fell below each threshold (bootstrap over documents, paired
+    with the unpruned pass on the same chunked path) and the mean fraction of keys kept; softmax gets a
+    sliding window of the same mean kept fraction. Then pass-key success with the first threshold."""
+    check_prune_setup(models, window)
+    order = sorted(range(len(models)), key=lambda i: not has_bias(models[i]))  # biased models first
+    per_length, scalars = [], {}
+    for length in lengths:
+        docs = data.long_documents(length + 1, length + 1, max_docs)
+        entry = {"length": length, "documents": len(docs), "models": [None] * len(models)}
+        fractions = None
+        for i in order:
+            m = models[i]
+            check_vocab(m.decoder, max(int(d.max()) for d in docs))
+            base = _doc_losses(m, docs, runtime)  # the same chunked path, unpatched: pairs with each pruned pass
+            rows = []
+            for rule in _rules(m, thresholds, fractions, window, length):
+                with pruned_cache(m.decoder, rule) as stats:
+                    losses = _doc_losses(m, docs, runtime)
+                kept = stats.as_dict()
+                rows.append({"rule": rule.describe(), "loss": intervals(losses, runtime)[0].as_dict(),
+                             "increase": intervals(losses - base, runtime)[0].as_dict(), **kept})
+                scalars[f"cache_prune/{'AB'[i]}_increase/{length}/{_rule_tag(rule)}"] = rows[-1]["increase"]["estimate"]
+                scalars[f"cache_prune/{'AB'[i]}_kept/{length}/{_rule_tag(rule)}"] = kept["kept_fraction"]
+            if has_bias(m) and fractions is None:
+                fractions = [r["kept_fraction"] for r in rows]
+            entry["models"][i] = {"label": label(m, i), "unpruned_loss": intervals(base, runtime)[0].as_dict(),
+                                  "rules": rows}
+        per_length.append(entry)
+    results = {"lengths": per_length,
+               "passkey": _pruned_passkey(models, order, runtime, data, thresholds[0], window, passkey_lengths, n_trials)}
+    for e in results["passkey"]:
+        for i, r in enumerate(e["models"]):
+            scalars[f"cache_prune/{'AB'[i]}_passkey/{e['length']}"] = r["rate"]["estimate"]
+    return TaskOutput(results, {"cache_prune": _plot_prune(results)}, scalars)
+
+
+def _rule_tag(rule: PruneRule) -> str:
+    return f"threshold{rule.threshold:g}" if rule.window is None else f"window{rule.window}"
+
+
+def _pruned_passkey(models: list[LoadedModel], order: list[int], runtime: Runtime, data: EvalData, threshold: float,
+                    window: int | None, lengths: list[int], n_trials: int) -> list[dict]:
+    """Pass-key success with the primary threshold (softmax: the window of the partner's kept fraction)."""
+    if not lengths:
+        return []
+    builder = PasskeyBuilder(data.tokenizer, data.bos_id)
+    out = []
+    for length in lengths:
+        trials = builder.trials(length, n_trials, runtime.seed)
+        entry, fraction = {"length": length, "models": [None] * len(models)}, None
+        for i in order:
+            m = models[i]
+            check_vocab(m.decoder, max(int(t.input_ids.max()) for t in trials))
+            rule = _rules(m, [threshold], [fraction] if fraction is not None else None, window, length)[0]
+            with pruned_cache(m.decoder, rule) as stats:
+                wins = [s.success for s in score_all(m, trials, runtime)]
+            kept = stats.as_dict()
+            fraction = kept["kept_fraction"] if fraction is None and has_bias(m) else fraction
+            entry["models"][i] = {"label": label(m, i), "rule": rule.describe(), "successes": sum(wins),
+                                  "n": len(wins), "rate": clopper_pearson(sum(wins), len(wins), runtime.confidence).as_dict(),
+                                  "success": wins, **kept}
+        out.append(entry)
+    return out
+
+
+def _plot_prune(results: dict) -> plt.Figure:
+    n = len(results["lengths"])
+    fig, axes = plt.subplots(1, n, figsize=(5.5 * n, 4), squeeze=False)
+    for ax, entry in zip(axes[0], results["lengths"]):
+        for r in entry["models"]:
+            rows = sorted(r["rules"], key=lambda row: row["kept_fraction"])  # a curve, whatever the sweep order
+            kept = [row["kept_fraction"] for row in rows]
+            errorbar(ax, kept, [row["increase"] for row in rows], label=r["label"])
+            for x, row in zip(kept, rows):
+                ax.annotate(f"{next(iter(row['rule'].values())):g}", (x, row["increase"]["estimate"]),
+                            fontsize=7, xytext=(3, 3), textcoords="offset points")
+        ax.axhline(0, color="grey")
+        ax.set(xlabel="mean fraction of keys kept", ylabel="loss increase (nats)",
+               title=f"cache pruning at {entry['length']} tokens ({entry['documents']} docs)")
+        ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+TASK = Task("loss increase and kept fraction when keys whose bias fell below a threshold are dropped",
+            frozenset({"lengths", "trials", "thresholds", "window", "passkey_lengths", "max_docs", "data"}), run,
+            check=check, impl="chunked")

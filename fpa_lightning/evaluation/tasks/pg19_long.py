@@ -1,0 +1,77 @@
+"""pg19_long: per-token loss by position bucket on long test books, bootstrap intervals over books."""
+from __future__ import annotations
+
+import argparse
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+
+from fpa_lightning.analysis.positions import bucket_means
+from fpa_lightning.evaluation.checkpoint import LoadedModel
+from fpa_lightning.evaluation.data import EvalData
+from fpa_lightning.evaluation.scoring import Runtime, check_edges, check_vocab, power_of_two_edges, token_losses
+from fpa_lightning.evaluation.tasks.common import Task, TaskOutput, errorbar, intervals, label
+
+
+def run(args: argparse.Namespace, models: list[LoadedModel], runtime: Runtime, data: EvalData) -> TaskOutput:
+    max_len = args.max_len or 16384
+    edges = check_edges(args.buckets, max_len) if args.buckets else power_of_two_edges(max_len)
+    return pg19_long(models, runtime, data, max_len, edges, args.min_tokens or max_len + 1, args.max_docs)
+
+
+def pg19_long(models: list[LoadedModel], runtime: Runtime, data: EvalData, max_len: int, edges: list[int],
+              min_tokens: int, max_docs: int | None) -> TaskOutput:
+    """Per-token loss by position bucket on whole books (inputs of max_len tokens), books weighted equally,
+    percentile bootstrap over books; with two models, the paired per-book difference per bucket."""
+    docs = data.long_documents(max_len + 1, min_tokens, max_docs)
+    for m in models:
+        check_vocab(m.decoder, max(int(d.max()) for d in docs))
+    per_book = [np.stack([_bucket_means(m, d, edges, runtime) for d in docs])
+                for m in models]  # each (N books, K buckets)
+    buckets = list(zip(edges, edges[1:]))
+    results = {
+        "documents": len(docs),
+        "document_tokens": [int(d.numel()) for d in docs],
+        "buckets": [list(b) for b in buckets],
+        "books_per_bucket": (~np.isnan(per_book[0])).sum(axis=0).tolist(),
+        "models": [{"label": label(m, i), "loss": [iv.as_dict() for iv in intervals(v, runtime)]}
+                   for i, (m, v) in enumerate(zip(models, per_book))],
+    }
+    scalars = {f"pg19_long/{'AB'[i]}_loss/{a}-{b}": r["loss"][k]["estimate"]
+               for i, r in enumerate(results["models"]) for k, (a, b) in enumerate(buckets)}
+    if len(models) == 2:
+        diff = intervals(per_book[0] - per_book[1], runtime)
+        results["difference"] = [iv.as_dict() for iv in diff]
+        scalars.update({f"pg19_long/difference/{a}-{b}": iv.estimate for (a, b), iv in zip(buckets, diff)})
+    return TaskOutput(results, {"pg19_long": _plot_buckets(results, models[0].decoder.cfg.max_seq_len)}, scalars)
+
+
+def _bucket_means(model: LoadedModel, doc: torch.Tensor, edges: list[int], runtime: Runtime) -> np.ndarray:
+    """One book's mean loss per position bucket (K,), NaN where the book does not reach a bucket."""
+    return bucket_means(torch.from_numpy(token_losses(model.decoder, doc[None], runtime)[0]), edges).numpy()
+
+
+def _plot_buckets(results: dict, train_len: int) -> plt.Figure:
+    n = 2 if "difference" in results else 1
+    fig, axes = plt.subplots(1, n, figsize=(6 * n, 4), squeeze=False)
+    mids = [max(1.0, (a + b) / 2) for a, b in results["buckets"]]
+    for r in results["models"]:
+        errorbar(axes[0, 0], mids, r["loss"], label=r["label"])
+    axes[0, 0].set(xscale="log", xlabel="position (bucket middle)", ylabel="loss (nats)",
+                   title=f"per-token loss by position ({results['documents']} documents)")
+    for ax in axes[0]:
+        ax.axvline(train_len, color="grey", ls=":", label="training context")
+    axes[0, 0].legend()
+    if n == 2:
+        errorbar(axes[0, 1], mids, results["difference"], color="k")
+        axes[0, 1].axhline(0, color="grey")
+        confidence = results["difference"][0]["confidence"]
+        axes[0, 1].set(xscale="log", xlabel="position (bucket middle)", ylabel="loss A − B (nats)",
+                       title=f"paired difference ({confidence:.0%} bootstrap over documents)")
+    fig.tight_layout()
+    return fig
+
+
+TASK = Task("per-token loss by position bucket on long test books, bootstrap CIs over books",
+            frozenset({"max_len", "buckets", "min_tokens", "max_docs", "data"}), run)

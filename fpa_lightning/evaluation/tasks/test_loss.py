@@ -1,0 +1,71 @@
+"""test_loss: mean loss on packed test sequences with a bootstrap interval; --compare: paired difference and a
+non-inferiority verdict."""
+from __future__ import annotations
+
+import argparse
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+
+from fpa_lightning.evaluation.checkpoint import LoadedModel
+from fpa_lightning.evaluation.data import EvalData
+from fpa_lightning.evaluation.scoring import Runtime, check_vocab, token_losses
+from fpa_lightning.evaluation.stats import non_inferiority
+from fpa_lightning.evaluation.tasks.common import Task, TaskOutput, intervals, label
+
+
+def run(args: argparse.Namespace, models: list[LoadedModel], runtime: Runtime, data: EvalData) -> TaskOutput:
+    seq_len = args.seq_len or models[0].decoder.cfg.max_seq_len
+    return test_loss(models, runtime, data, seq_len, args.batch_size or 4, args.max_docs, args.margin or 0.00995)
+
+
+def test_loss(models: list[LoadedModel], runtime: Runtime, data: EvalData, seq_len: int, batch_size: int,
+              max_docs: int | None, margin: float) -> TaskOutput:
+    """Mean loss over packed test sequences with a bootstrap interval over sequences; with two models the
+    paired difference A − B and the non-inferiority verdict for ``margin`` (nats)."""
+    per_seq = [[] for _ in models]
+    for batch in data.test_sequences(seq_len, batch_size, max_docs):
+        ids = torch.cat([batch["input_ids"], batch["labels"][:, -1:]], dim=1)  # (B, seq_len + 1)
+        for i, m in enumerate(models):
+            check_vocab(m.decoder, int(ids.max()))
+            per_seq[i].extend(token_losses(m.decoder, ids, runtime).mean(axis=1))
+    values = [np.array(v) for v in per_seq]  # each (N sequences,)
+    results = {
+        "sequences": len(values[0]),
+        "seq_len": seq_len,
+        "tokens": len(values[0]) * seq_len,
+        "models": [{"label": label(m, i), "loss": intervals(v, runtime)[0].as_dict()}
+                   for i, (m, v) in enumerate(zip(models, values))],
+    }
+    scalars = {f"test_loss/{'AB'[i]}": r["loss"]["estimate"] for i, r in enumerate(results["models"])}
+    if len(models) == 2:
+        diff = intervals(values[0] - values[1], runtime)[0]
+        results["difference"] = diff.as_dict()
+        results["margin"] = margin
+        results["verdict"] = non_inferiority(diff, margin)
+        scalars["test_loss/difference"] = diff.estimate
+    return TaskOutput(results, {"test_loss": _plot_test_loss(results, values)}, scalars)
+
+
+def _plot_test_loss(results: dict, values: list[np.ndarray]) -> plt.Figure:
+    n = 2 if "difference" in results else 1
+    fig, axes = plt.subplots(1, n, figsize=(6 * n, 4), squeeze=False)
+    for r, v in zip(results["models"], values):
+        axes[0, 0].hist(v, bins=30, alpha=0.6, label=f"{r['label']}: {r['loss']['estimate']:.4f}")
+    axes[0, 0].set(xlabel="mean loss per sequence (nats)", ylabel="sequences",
+                   title=f"test loss ({results['sequences']} sequences of {results['seq_len']})")
+    axes[0, 0].legend()
+    if n == 2:
+        d = results["difference"]
+        axes[0, 1].hist(values[0] - values[1], bins=30, color="grey")
+        for x, style in ((d["lower"], "--"), (d["upper"], "--"), (results["margin"], "-")):
+            axes[0, 1].axvline(x, color="r" if style == "-" else "k", ls=style)
+        axes[0, 1].set(xlabel="loss A − B per sequence (nats)",
+                       title=f"A − B = {d['estimate']:.4f} [{d['lower']:.4f}, {d['upper']:.4f}]: {results['verdict']}")
+    fig.tight_layout()
+    return fig
+
+
+TASK = Task("mean loss on packed test sequences, bootstrap CI; --compare: paired difference, non-inferiority",
+            frozenset({"seq_len", "batch_size", "margin", "max_docs", "data"}), run)

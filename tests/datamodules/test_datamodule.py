@@ -199,8 +199,15 @@ def test_two_rank_packed_streams_partition_the_tokens(tmp_path):
 
 
 def test_hub_id_offline_fails_fast_with_hint(monkeypatch):
+    """No network (the reachability check mocked, so the test does not depend on this machine's network): a hub id
+    fails within a second, naming the local options; with the hub reachable the same check lets it through."""
+    from datamodules import sources
+
     for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
         monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(sources, "_hub_reachable", lambda *args, **kwargs: True)
+    sources.require_hub("cerebras/SlimPajama-627B", what="data set", local_hint="-")  # reachable: no error
+    monkeypatch.setattr(sources, "_hub_reachable", lambda *args, **kwargs: False)
     for cls in (SlimPajamaDataModule, PG19DataModule):
         t = time.perf_counter()
         with pytest.raises(HubUnavailableError, match="train_files"):

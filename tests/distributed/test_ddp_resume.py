@@ -5,36 +5,19 @@ the quickstart config shrunk to one layer, 128-token rows and 8 rows a rank. Glo
 two uninterrupted runs end with identical weights; a resumed run does too only if every rank's data cursors, the
 optimizer and the schedule were restored.
 """
-import os
-import pathlib
-import subprocess
-import sys
-
 import pytest
 import torch
+from _launch import differing, train_py, weights
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
 STEPS = 6
 
 
-def ddp_fit(runs: pathlib.Path, *extra: str) -> None:
-    args = [
-        sys.executable, str(REPO / "train.py"), "fit", "--config", str(REPO / "configs" / "quickstart.yaml"),
-        "--model.model.n_layer=1", "--data.init_args.seq_len=128", "--data.init_args.batch_size=8",
-        "--data.init_args.num_workers=0",
-        "--trainer.accelerator=cpu", "--trainer.devices=2", "--trainer.strategy=ddp",
-        f"--trainer.max_steps={STEPS}", "--trainer.limit_val_batches=0", "--trainer.enable_progress_bar=false",
-        f"--trainer.logger.init_args.save_dir={runs}", "--trainer.callbacks=[]",
-        "--checkpoint.monitor=null", "--checkpoint.save_top_k=-1", "--checkpoint.filename=step{step}",
-        f"--checkpoint.every_n_train_steps={STEPS // 2}", *extra,
-    ]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(args, cwd=runs.parent, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-4000:]
-
-
-def weights(checkpoint: pathlib.Path) -> dict[str, torch.Tensor]:
-    return torch.load(checkpoint, weights_only=True)["state_dict"]
+def ddp_fit(runs, *extra: str) -> None:
+    train_py(runs, "--model.model.n_layer=1", "--data.init_args.seq_len=128", "--data.init_args.batch_size=8",
+             "--data.init_args.num_workers=0", "--trainer.accelerator=cpu", "--trainer.devices=2",
+             "--trainer.strategy=ddp", f"--trainer.max_steps={STEPS}", "--trainer.limit_val_batches=0",
+             "--trainer.callbacks=[]", "--checkpoint.monitor=null", "--checkpoint.save_top_k=-1",
+             "--checkpoint.filename=step{step}", f"--checkpoint.every_n_train_steps={STEPS // 2}", *extra)
 
 
 @pytest.fixture(scope="module")
@@ -48,10 +31,8 @@ def straight_and_resumed(tmp_path_factory):
 
 def test_two_rank_resume_ends_with_bit_identical_weights(straight_and_resumed):
     straight, resumed = straight_and_resumed
-    a, b = weights(straight / f"step{STEPS}.ckpt"), weights(resumed / f"step{STEPS}.ckpt")
-    assert a.keys() == b.keys()
-    differing = [name for name in a if not torch.equal(a[name], b[name])]
-    assert not differing, f"weights differ after resume: {differing}"
+    changed = differing(weights(straight / f"step{STEPS}.ckpt"), weights(resumed / f"step{STEPS}.ckpt"))
+    assert not changed, f"weights differ after resume: {changed}"
 
 
 def test_the_checkpoint_holds_every_ranks_cursors(straight_and_resumed):

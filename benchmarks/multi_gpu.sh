@@ -15,7 +15,8 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" TOKENIZER
 tok=${TOKENIZER:-.whl/tokenizer.json}
 gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$results/machine.txt"
-python3 -c "import torch, triton, lightning; print('torch', torch.__version__, '| triton', triton.__version__, '| lightning', lightning.__version__)" | tee -a "$results/machine.txt"
+python3 -c "import torch, triton, lightning as L; print('torch', torch.__version__, '| triton', triton.__version__,
+    '| lightning', L.__version__)" | tee -a "$results/machine.txt"
 : > "$results/parts.txt"
 status=0
 

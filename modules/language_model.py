@@ -65,11 +65,15 @@ def decayed_parameters(model: torch.nn.Module) -> tuple[list[torch.nn.Parameter]
     so it would decay towards 0 between its updates. Parameters owned by an ``AttentionBackend`` (FPA's field
     map and beta, FoX's forget gate, DCP's interaction) do not: decay would pull their biases and scales towards
     a fixed bias strength, i.e. it would regularise the method under study itself.
+
+    Matrices are found as ``nn.Linear`` weights, not by ``ndim``: under FSDP every parameter is a flat 1-D shard
+    when the optimizer is built.
     """
     exempt = {id(p) for m in model.modules() if isinstance(m, (AttentionBackend, torch.nn.Embedding))
               for p in m.parameters()}
+    matrices = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Linear)}
     params = [p for p in model.parameters() if p.requires_grad]  # a tied weight appears once
-    decayed = [p for p in params if p.ndim >= 2 and id(p) not in exempt]
+    decayed = [p for p in params if id(p) in matrices and id(p) not in exempt]
     chosen = {id(p) for p in decayed}
     return decayed, [p for p in params if id(p) not in chosen]
 

@@ -51,8 +51,12 @@ def configured_optimizer(lm: LanguageModel, max_steps: int):
 
 
 @pytest.mark.parametrize("backend", ["fpa", "fox", "dcp"])
-def test_weight_decay_only_on_block_matrices(backend):
+@pytest.mark.parametrize("flat", [False, True], ids=["plain", "fsdp-like-1d-shards"])
+def test_weight_decay_only_on_block_matrices(backend, flat):
     lm = LanguageModel(tiny_config(backend))
+    if flat:  # FSDP (use_orig_params) hands the optimizer 1-D views of each rank's shard: the split must not change
+        for p in lm.parameters():
+            p.data = p.data.reshape(-1)
     optimizer, _ = configured_optimizer(lm, 10)
     decay, no_decay = optimizer.param_groups
     assert (decay["weight_decay"], no_decay["weight_decay"]) == (0.1, 0.0)

@@ -125,7 +125,8 @@ class AttentionBackend(nn.Module):
         if segment_ids is None:
             return F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)
         T = q.shape[2]
-        visible = torch.ones(T, T, dtype=torch.bool, device=q.device).tril() & same_document(segment_ids)  # (B, 1, T, T)
+        causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+        visible = causal & same_document(segment_ids)  # (B, 1, T, T)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=visible).transpose(1, 2)
 
     # --- shared machinery ---------------------------------------------------------------------------

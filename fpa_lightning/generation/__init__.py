@@ -6,6 +6,6 @@ by pieces, a static-shape step captured in a CUDA graph); ``KVCache`` holds K, V
 from fpa_lightning.generation.cache import KVCache, LayerCache
 from fpa_lightning.generation.generate import generate
 from fpa_lightning.generation.sampling import next_tokens
-from fpa_lightning.generation.session import DecodeSession
+from fpa_lightning.generation.session import DecodeSession, cast_weights
 
-__all__ = ["DecodeSession", "KVCache", "LayerCache", "generate", "next_tokens"]
+__all__ = ["DecodeSession", "KVCache", "LayerCache", "cast_weights", "generate", "next_tokens"]

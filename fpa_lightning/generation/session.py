@@ -43,6 +43,17 @@ def cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: to
     return torch.einsum("bhqk,bhkd->bqhd", probs.to(v.dtype), v)
 
 
+def cast_weights(decoder: Decoder, dtype: torch.dtype) -> Decoder:
+    """Every weight but the attention backends' gate maps to `dtype` (e.g. bfloat16 for fast decoding), in place.
+    The gate maps stay float32: the bias ingredients are computed in float32 anyway (``at_least_fp32``), and
+    buffers (RoPE frequencies, ALiBi slopes) keep their precision."""
+    backend_params = {id(p) for block in decoder.blocks for p in block.attn.backend.parameters()}
+    for param in decoder.parameters():
+        if id(param) not in backend_params:
+            param.data = param.data.to(dtype)
+    return decoder
+
+
 def check_rule(decoder: Decoder, rule: PruneRule | None) -> None:
     """Raise for a rule the cache cannot apply: per-head eviction of a layer whose state all heads share."""
     if rule is None or rule.threshold is None:
@@ -327,6 +338,26 @@ class DecodeSession:
         if self.counter is not None:
             out["kept_per_query"] = self.counter.as_dict()
         return out
+
+
+@torch.no_grad()
+def cached_token_losses(decoder: Decoder, ids: torch.Tensor, rule: PruneRule | None,
+                        piece: int = 64) -> tuple[torch.Tensor, DecodeSession]:
+    """ids (B, L + 1) -> next-token losses (B, L) in float32 computed through the KV cache, and its session (whose
+    ``stats()`` hold the kept fraction of every query): the first token is prefilled, the rest extended `piece`
+    tokens at a time, so every key the rule rejects is really evicted on the way (cache_prune's real mode)."""
+    session = DecodeSession(decoder, rule=rule, cuda_graph=False, track_kept=True)
+    L = ids.shape[1] - 1
+    losses = [_next_token_losses(session.prefill(list(ids[:, :1]))[:, None], ids[:, 1:2])]
+    for lo in range(1, L, piece):  # tokens lo..hi-1 predict lo+1..hi
+        hi = min(L, lo + piece)
+        losses.append(_next_token_losses(session.extend(ids[:, lo:hi]), ids[:, lo + 1 : hi + 1]))
+    return torch.cat(losses, dim=1), session
+
+
+def _next_token_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), targets.to(logits.device).flatten(),
+                                             reduction="none").view(targets.shape)
 
 
 def _assemble(B: int, T: int, parts: list) -> LayerCache:

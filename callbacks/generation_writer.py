@@ -9,6 +9,8 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.utilities import rank_zero_info
 
+from fpa_lightning.generation import continuation_text
+
 
 class GenerationWriter(BasePredictionWriter):
     """After each predict batch (``LanguageModel.predict_step`` on a ``datamodules.PromptDataModule``), one JSON line
@@ -36,9 +38,10 @@ class GenerationWriter(BasePredictionWriter):
         for index, prompt, prompt_ids, output in zip(prediction["index"], prediction["prompt"],
                                                      prediction["input_ids"], prediction["output_ids"]):
             new = output[len(prompt_ids):].tolist()
+            text = continuation_text(tokenizer, prompt_ids.tolist(), output.tolist(), (prompt_ids[0].item(), eos_id))
             speed = None if math.isnan(stats["ms_per_step"]) else stats["ms_per_step"]  # NaN: no step was needed
-            record = {"index": index, "prompt": prompt, "completion": tokenizer.decode(new),
-                      "prompt_tokens": len(prompt_ids), "new_tokens": len(new), "ended": bool(new) and new[-1] == eos_id,
+            record = {"index": index, "prompt": prompt, "completion": text, "prompt_tokens": len(prompt_ids),
+                      "new_tokens": len(new), "ended": bool(new) and new[-1] == eos_id,
                       "kept_fraction": stats["kept_fraction"], "ms_per_step": speed}
             self._file.write(json.dumps(record, allow_nan=False) + "\n")
         self._file.flush()

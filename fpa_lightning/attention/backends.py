@@ -186,7 +186,8 @@ class FpaBackend(AttentionBackend):
         if self.cfg.fpa_reduction == "min":
             cache.put("path_min", torch.full_like(phi_h, FAR))  # a new key's range is empty
             stored = cache.state["path_min"]  # (B, H, S)
-            moved = torch.where(after, phi_h[..., None], FAR).cummin(dim=2).values  # min over the new u ≤ t
+            moved = torch.where(after, phi_h[..., None], FAR)  # φ_u where query u moves key s
+            moved = moved.cummin(dim=2).values if moved.shape[2] > 1 else moved  # min over the new u ≤ t
             path_min = torch.minimum(stored[:, :, None, :], moved)  # (B, H, n, S)
             stored.copy_(path_min[:, :, -1])
             return beta * (path_min - level).clamp(max=0)  # (B, H, n, S)

@@ -5,8 +5,9 @@ by pieces, a static-shape step captured in a CUDA graph); ``KVCache`` holds K, V
 """
 from fpa_lightning.generation.cache import KVCache, LayerCache
 from fpa_lightning.generation.config import GenerationConfig
-from fpa_lightning.generation.generate import generate
+from fpa_lightning.generation.generate import continuation_text, generate
 from fpa_lightning.generation.sampling import next_tokens
 from fpa_lightning.generation.session import DecodeSession, cast_weights
 
-__all__ = ["DecodeSession", "GenerationConfig", "KVCache", "LayerCache", "cast_weights", "generate", "next_tokens"]
+__all__ = ["DecodeSession", "GenerationConfig", "KVCache", "LayerCache", "cast_weights", "continuation_text",
+           "generate", "next_tokens"]

@@ -40,7 +40,7 @@ def _scatter_slots(store: torch.Tensor, slots: torch.Tensor, values: torch.Tenso
 
 @dataclass
 class LayerCache:
-    """One attention layer's cache. k, v: (B, H, S, D); key_pos: (B, H, S) int64, FREE for a free slot;
+    """One attention layer's cache. k, v: (B, H, S, D); key_pos: (B, H, S) int32, FREE for a free slot;
     state: per-key backend state {name: (B, H or 1, S, ...)}; carry: per-row backend state {name: (B, ...)}."""
 
     k: torch.Tensor
@@ -86,7 +86,7 @@ class LayerCache:
         (compaction when capacity shrinks; the old tensors are released with this object). capacity must be at
         least the largest live count."""
         B, H, S = self.key_pos.shape
-        order_key = torch.where(self.key_pos == FREE, torch.iinfo(torch.int64).max, self.key_pos)
+        order_key = torch.where(self.key_pos == FREE, torch.iinfo(self.key_pos.dtype).max, self.key_pos)
         order = order_key.argsort(dim=-1, stable=True)[..., : min(S, capacity)]  # live keys first, by position
         pad = capacity - order.shape[-1]
 

@@ -21,7 +21,8 @@ def as_decoder(model) -> Decoder:
     inner = getattr(model, "model", None)
     if isinstance(inner, Decoder):
         return inner
-    raise TypeError(f"generate needs a fpa_lightning Decoder (or a module whose .model is one), got {type(model).__name__}")
+    raise TypeError("generate needs a fpa_lightning Decoder (or a module whose .model is one), "
+                    f"got {type(model).__name__}")
 
 
 def as_prompts(input_ids, vocab_size: int) -> list[torch.Tensor]:
@@ -52,7 +53,8 @@ def threshold_rule(decoder: Decoder, prune_threshold: float | None) -> PruneRule
     """The eviction rule of ``prune_threshold``; raises for values that cannot work."""
     if prune_threshold is None:
         return None
-    if isinstance(prune_threshold, bool) or not isinstance(prune_threshold, (int, float)) or math.isnan(prune_threshold):
+    number = isinstance(prune_threshold, (int, float)) and not isinstance(prune_threshold, bool)
+    if not number or math.isnan(prune_threshold):
         raise ValueError(f"prune_threshold must be a number <= 0 (or -inf), got {prune_threshold!r}")
     if prune_threshold == float("-inf"):  # no bias falls below it: exactly no eviction, and no rule at all
         return None
@@ -77,8 +79,8 @@ def generate(model, input_ids, max_new_tokens: int, *, temperature: float = 0.0,
     GPU), then decoded one token per step (a CUDA graph on a GPU). temperature 0 is greedy; otherwise sampling
     from softmax(logits / temperature), restricted by top_k / top_p, drawn with ``generator``.
     prune_threshold: drop a key from the cache for good once its bias for the current query is below it (e.g.
-    −10; ``analysis.pruning.PruneRule``); −inf drops nothing and is the same as None. eos_id: a row that emits it is finished (later tokens are eos_id), and
-    generation stops once every row has.
+    −10; ``analysis.pruning.PruneRule``); −inf drops nothing and is the same as None. eos_id: a row that emits
+    it is finished (later tokens are eos_id), and generation stops once every row has.
 
     Returns the prompts followed by the new tokens, in the form of the input: (B, T + n) or (T + n,) for a tensor
     (n ≤ max_new_tokens: fewer when every row ended early), a list of 1-D tensors (each up to its first eos_id)
@@ -110,7 +112,9 @@ def generate(model, input_ids, max_new_tokens: int, *, temperature: float = 0.0,
             token = token.masked_fill(done, eos_id)
             done |= token == eos_id
         new.append(token)
-        if i + 1 == max_new_tokens or (eos_id is not None and i % EOS_CHECK_EVERY == EOS_CHECK_EVERY - 1 and done.all()):
+        if i + 1 == max_new_tokens:
+            break
+        if eos_id is not None and i % EOS_CHECK_EVERY == EOS_CHECK_EVERY - 1 and done.all():
             break
         logits = session.step(token)
     finished = _now(session.device)
@@ -137,6 +141,18 @@ def _with_prompts(input_ids, prompts: list[torch.Tensor], tokens: torch.Tensor, 
             row = row[: int((row == eos_id).nonzero()[0]) + 1]
         rows.append(torch.cat([prompt.to(row.device), row]))
     return rows
+
+
+def continuation_text(tokenizer, prompt_ids: list[int], ids: list[int], special: tuple[int, ...] = ()) -> str:
+    """The text the new tokens ids[len(prompt_ids):] add to the prompt's text. Decoding them alone would lose what
+    depends on their left context (a SentencePiece tokenizer drops the space a leading "▁" stands for); ids in
+    `special` (BOS, EOS) are left out of both texts."""
+    def text(tokens: list[int]) -> str:
+        return tokenizer.decode([t for t in tokens if t not in special])
+
+    prompt = text(prompt_ids)
+    full = text(ids)
+    return full[len(prompt):] if full.startswith(prompt) else text(ids[len(prompt_ids):])
 
 
 def _now(device: torch.device) -> float:

@@ -177,7 +177,8 @@ class DecodeSession:
             q, k, v = attn.project(x)
             out = attn.out(attn.backend(x, q, k, v).flatten(-2))  # the layer's own parallel path
             key_state, carry = attn.backend.decode_prefill_state(x, q, k, lengths)
-            parts[layer].append((rows, lengths, k.transpose(1, 2), v.transpose(1, 2), key_state, carry, recorders[layer]))
+            parts[layer].append((rows, lengths, k.transpose(1, 2), v.transpose(1, 2), key_state, carry,
+                                 recorders[layer]))
             return out
 
         if evicting:
@@ -366,10 +367,10 @@ def _assemble(B: int, T: int, parts: list) -> LayerCache:
     H = k0.shape[1]
     k = k0.new_zeros(B, H, T, k0.shape[-1])
     v = torch.zeros_like(k)
-    key_pos = torch.full((B, H, T), FREE, dtype=torch.long, device=k0.device)
+    key_pos = torch.full((B, H, T), FREE, dtype=torch.int32, device=k0.device)
     state = {name: s.new_zeros(B, s.shape[1], T, *s.shape[3:]) for name, s in state0.items()}
     carry = {name: c.new_zeros(B, *c.shape[1:]) for name, c in carry0.items()}
-    positions = torch.arange(T, device=k0.device)
+    positions = torch.arange(T, device=k0.device, dtype=torch.int32)
     for rows, lengths, k_g, v_g, state_g, carry_g, recorder in parts:
         L = k_g.shape[2]
         k[rows, :, :L], v[rows, :, :L] = k_g, v_g

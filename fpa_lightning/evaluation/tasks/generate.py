@@ -10,7 +10,7 @@ from fpa_lightning.evaluation.checkpoint import LoadedModel
 from fpa_lightning.evaluation.data import EvalData
 from fpa_lightning.evaluation.scoring import Runtime
 from fpa_lightning.evaluation.tasks.common import Task, TaskOutput, label
-from fpa_lightning.generation import cast_weights, generate
+from fpa_lightning.generation import cast_weights, continuation_text, generate
 
 DEFAULT_NEW_TOKENS = 64
 
@@ -53,7 +53,9 @@ def generate_task(models: list[LoadedModel], runtime: Runtime, data: EvalData, t
         generator = torch.Generator(runtime.device).manual_seed(runtime.seed)
         ids, stats = generate(m.decoder, prompts, settings["max_new_tokens"], eos_id=eos_id, generator=generator,
                               return_stats=True, **{k: v for k, v in settings.items() if k != "max_new_tokens"})
-        continuations = [tokenizer.decode(row[len(p):].tolist()) for row, p in zip(ids, prompts)]
+        special = (data.bos_id, eos_id)
+        continuations = [continuation_text(tokenizer, p.tolist(), row.tolist(), special)
+                         for row, p in zip(ids, prompts)]
         print(f"--- {label(m, i)}")
         for text, continuation in zip(texts, continuations):
             print(f"prompt:       {text}\ncontinuation: {continuation}")

@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     p.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
     p.add_argument("--variants", nargs="+", choices=sorted(VARIANTS), default=list(VARIANTS))
-    p.add_argument("--modes", nargs="+", choices=("eager", "graph"), default=["eager", "graph"])
+    p.add_argument("--modes", nargs="*", choices=("eager", "graph"), default=["eager", "graph"])
     p.add_argument("--compile-lengths", type=int, nargs="*", default=[],
                    help="also the compiled step at batch 1 for these lengths (each shape compiles, ~1 min)")
     p.add_argument("--steps", type=int, default=64, help="timed steps per measurement")

@@ -28,11 +28,15 @@ def tiny_decoder(seed: int = 0, **attention) -> Decoder:
     torch.manual_seed(seed)
     cfg = ModelConfig(vocab_size=VOCAB, n_layer=2, d_model=16, n_head=2, d_mlp=32, max_seq_len=32,
                       attention={"impl": "chunked", "block_size": 4, **attention})
-    decoder = Decoder(cfg).double().eval()
+    return random_gates(Decoder(cfg).double().eval(), std=2.0)
+
+
+def random_gates(decoder: Decoder, std: float) -> Decoder:
+    """Gate maps with random weights: the ALiBi-like initialisation has every FPA key dead."""
     with torch.no_grad():
         for block in decoder.blocks:
             gate = getattr(block.attn.backend, "gate", None)
             if gate is not None:
-                gate.weight.normal_(0.0, 2.0)
+                gate.weight.normal_(0.0, std)
     return decoder
 

@@ -4,6 +4,7 @@ import copy
 
 import pytest
 import torch
+from _gen_helpers import random_gates
 
 from fpa_lightning import Decoder, ModelConfig
 from fpa_lightning.analysis.pruning import PruneRule, pruned_cache
@@ -17,13 +18,7 @@ def model(backend: str) -> Decoder:
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=256, n_layer=2, d_model=128, n_head=2, d_mlp=256, max_seq_len=128,
                       attention={"backend": backend})  # head dim 64: the fused FPA kernel applies
-    decoder = Decoder(cfg).cuda().eval()
-    with torch.no_grad():
-        for block in decoder.blocks:
-            gate = getattr(block.attn.backend, "gate", None)
-            if gate is not None:
-                gate.weight.normal_(0.0, 0.2)
-    return decoder
+    return random_gates(Decoder(cfg).cuda().eval(), std=0.2)
 
 
 def variant(decoder: Decoder, impl: str, dtype: torch.dtype | None) -> Decoder:

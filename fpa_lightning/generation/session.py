@@ -106,8 +106,8 @@ class DecodeSession:
     """Decoding ``decoder`` (eval mode, no grad) with a KV cache; see the module docstring.
 
     rule: eviction rule, or None. cuda_graph: capture the single-token step in a CUDA graph (default: on CUDA).
-    compile: ``torch.compile`` the step first (experimental; compiles again whenever the cache is resized).
-    track_kept: count the kept fraction of every query (``kept()``), for evaluation. max_length: refuse prompts
+    compile: ``torch.compile`` the step first (compiles again whenever the cache is resized). track_kept: count
+    the kept fraction of every query (``stats()["kept_per_query"]``), for evaluation. max_length: refuse prompts
     and continuations longer than this many tokens (default: only memory bounds the length). check_every: steps
     between capacity checks under an eviction rule (each check synchronises with the device once).
     """

@@ -10,8 +10,8 @@ logger's ``checkpoints/`` folder) and its resolved ``config.yaml``. Resume with 
 ``predict`` continues the prompts of a ``datamodules.PromptDataModule`` (``--data.class_path``) and writes JSONL
 (``--predictions.path``, README "Generation"). ``model.model.max_seq_len`` is not set by hand: it is linked to
 ``data.init_args.seq_len``. Precision is ``trainer.precision``, set explicitly in each YAML (bf16-mixed for the GPU
-configs, 32-true for the CPU quickstart). YAML values may use ``${...}`` interpolation (omegaconf) to keys of the same file,
-resolved at parse time.
+configs, 32-true for the CPU quickstart). YAML values may use ``${...}`` interpolation (omegaconf) to keys of the
+same file, resolved at parse time.
 """
 from __future__ import annotations
 

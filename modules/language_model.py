@@ -12,6 +12,7 @@ from torchmetrics import MeanMetric
 
 from fpa_lightning import Decoder, ModelConfig
 from fpa_lightning.attention import AttentionBackend
+from fpa_lightning.generation import GenerationConfig
 from modules import scaling
 
 
@@ -150,6 +151,12 @@ class LanguageModel(L.LightningModule):
 
     def test_step(self, batch: dict, batch_idx: int) -> None:
         self.test_loss.update(self.token_losses(batch))
+
+    def predict_step(self, batch: dict, batch_idx: int) -> dict:
+        """Continues a ``datamodules.PromptDataModule`` batch (``fpa_lightning.generation``); adds output_ids, stats."""
+        settings = GenerationConfig(**batch["generation"])
+        ids, stats = settings.generate(self.model, batch["input_ids"], batch["eos_id"], batch_idx)
+        return {**batch, "output_ids": ids, "stats": stats}
 
     def on_validation_epoch_end(self) -> None:
         self._log_mean_loss("val", self.val_loss, prog_bar=True)

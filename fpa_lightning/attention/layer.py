@@ -22,7 +22,8 @@ class RotaryEmbedding(nn.Module):
         self.head_dim, self.theta = head_dim, theta
         self._cache: tuple[int, torch.device, torch.dtype, torch.Tensor, torch.Tensor] | None = None
 
-    def tables(self, T: int, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def tables(self, T: int, device: torch.device,
+               dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin (T, D) in `dtype` (float32, or float64 for float64 references: a float32 table would make
         the rotation's rounding depend on absolute positions)."""
         if self._cache is None or self._cache[0] < T or self._cache[1:3] != (device, dtype):
@@ -34,11 +35,21 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x (B, T, H, D) -> rotated, same dtype (rotation in float32 at least)."""
+        cos, sin = self.tables(x.shape[1], x.device, at_least_fp32(x).dtype)
+        return self.rotate(x, cos[:, None], sin[:, None])
+
+    def rotate_at(self, x: torch.Tensor, positions: torch.Tensor, limit: int) -> torch.Tensor:
+        """x (B, n, H, D) of tokens at positions (B, n), each < limit (decoding: one table for every step, so
+        nothing grows inside a captured step) -> rotated, same dtype."""
+        cos, sin = self.tables(limit, x.device, at_least_fp32(x).dtype)
+        return self.rotate(x, cos[positions][:, :, None], sin[positions][:, :, None])
+
+    @staticmethod
+    def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         wide = at_least_fp32(x)
-        cos, sin = self.tables(x.shape[1], x.device, wide.dtype)
         first, second = wide.chunk(2, dim=-1)
         rotated = torch.cat([-second, first], dim=-1)
-        return (wide * cos[:, None] + rotated * sin[:, None]).to(x.dtype)
+        return (wide * cos + rotated * sin).to(x.dtype)
 
 
 class CausalSelfAttention(nn.Module):
@@ -58,6 +69,13 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.qkv(x).unflatten(-1, (3, self.n_head, self.head_dim)).unbind(dim=2)
         if self.rope is not None:
             q, k = self.rope(q), self.rope(k)
+        return q, k, v
+
+    def project_at(self, x: torch.Tensor, positions: torch.Tensor, limit: int):
+        """x (B, n, C) of tokens at positions (B, n) -> q, k, v (B, n, H, D), RoPE at those positions (< limit)."""
+        q, k, v = self.qkv(x).unflatten(-1, (3, self.n_head, self.head_dim)).unbind(dim=2)
+        if self.rope is not None:
+            q, k = self.rope.rotate_at(q, positions, limit), self.rope.rotate_at(k, positions, limit)
         return q, k, v
 
     def forward(self, x: torch.Tensor, segment_ids: torch.Tensor | None = None) -> torch.Tensor:

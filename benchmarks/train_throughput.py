@@ -4,7 +4,12 @@ Each model trains for --steps optimizer steps in bf16-mixed on the offline corpu
 real LanguageModel and TextDataModule under a Lightning Trainer; tokens/s is counted over the steps after
 --warmup (compilation, autotuning and allocator growth stay out), with CUDA synchronised at both ends.
 
+--variants picks what each model runs as: base, compile (model.compile: every block through torch.compile; the
+compile time falls in the warm-up) and document_mask (attention.document_mask: the batches' segment_ids restrict
+attention to each document). The table gives each variant's tokens/s relative to the same model's base run.
+
     python benchmarks/train_throughput.py --configs fpa fox sdpa --steps 300 --batch-size 16
+    python benchmarks/train_throughput.py --configs fpa fox sdpa --variants base compile document_mask
 """
 from __future__ import annotations
 
@@ -39,9 +44,14 @@ class StepTimer(L.Callback):
             self.end, self.timed_steps = time.perf_counter(), self.timed_steps + 1
 
 
-def measure(backend: str, args) -> dict:
-    model_cfg = ModelConfig(attention=AttentionConfig(backend=backend, skip_threshold=args.skip if backend == "fpa" else None))
-    module = LanguageModel(model=model_cfg, optim=OptimConfig(warmup_steps=50))
+VARIANTS = ("base", "compile", "document_mask")
+
+
+def measure(backend: str, variant: str, args) -> dict:
+    attention = AttentionConfig(backend=backend, skip_threshold=args.skip if backend == "fpa" else None,
+                                document_mask=variant == "document_mask")
+    module = LanguageModel(model=ModelConfig(attention=attention), optim=OptimConfig(warmup_steps=50),
+                           compile=variant == "compile")
     data = TextDataModule(
         source="offline", tokenizer=args.tokenizer, seq_len=2048, batch_size=args.batch_size, num_workers=args.workers
     )
@@ -56,6 +66,7 @@ def measure(backend: str, args) -> dict:
     seconds = timer.end - timer.start
     return {
         "backend": backend,
+        "variant": variant,
         "impls": sorted(set(module.hparams["attention_impls"])),  # what ran, as recorded by the module
         "params_M": round(module.model.num_parameters() / 1e6, 2),
         "timed_steps": timer.timed_steps,
@@ -68,6 +79,7 @@ def measure(backend: str, args) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--configs", nargs="+", default=["fpa", "fox", "sdpa"])
+    parser.add_argument("--variants", nargs="+", default=["base"], choices=VARIANTS)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--warmup", type=int, default=30)
     parser.add_argument("--batch-size", type=int, default=16)
@@ -81,19 +93,21 @@ def main() -> None:
     torch.backends.cuda.matmul.allow_tf32 = True
     results = []
     for backend in args.configs:
-        torch.cuda.reset_peak_memory_stats()
-        results.append(measure(backend, args))
-        print(json.dumps(results[-1]), flush=True)
-    by_name = {r["backend"]: r["tokens_per_s"] for r in results}
+        for variant in args.variants:
+            torch.cuda.reset_peak_memory_stats()
+            results.append(measure(backend, variant, args))
+            print(json.dumps(results[-1]), flush=True)
+    base = {r["backend"]: r["tokens_per_s"] for r in results if r["variant"] == "base"}
     print(f"\n{torch.cuda.get_device_name()} | torch {torch.__version__} | lightning {L.__version__} | "
           f"python {platform.python_version()} | {datetime.date.today()} | B={args.batch_size}x2048, "
           f"{args.steps} steps, timed after {args.warmup}")
-    print("| model | impl | tokens/s | vs sdpa | vs fox | peak GiB | loss at end |")
-    print("|---|---|---|---|---|---|---|")
+    print("| model | variant | impl | tokens/s | vs base | vs sdpa | vs fox | peak GiB | loss at end |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in results:
-        rel = lambda ref: f"{r['tokens_per_s'] / by_name[ref]:.3f}x" if ref in by_name else "-"
-        print(f"| {r['backend']}_110m | {','.join(r['impls'])} | {r['tokens_per_s']:,.0f} | {rel('sdpa')} | "
-              f"{rel('fox')} | {r['peak_mem_GiB']:.1f} | {r['final_train_loss']:.3f} |")
+        rel = lambda ref: f"{r['tokens_per_s'] / base[ref]:.3f}x" if ref in base else "-"
+        print(f"| {r['backend']}_110m | {r['variant']} | {','.join(r['impls'])} | {r['tokens_per_s']:,.0f} | "
+              f"{rel(r['backend'])} | {rel('sdpa')} | {rel('fox')} | {r['peak_mem_GiB']:.1f} | "
+              f"{r['final_train_loss']:.3f} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"results": results, "args": vars(args)}, f, indent=1)

@@ -20,6 +20,7 @@ from callbacks.dashboard import (
     write_layout_once,
 )
 from fpa_lightning.analysis.survival import HeadReport, effective_query_start, measure_heads
+from modules.scaling import whole_decoder
 
 
 class HeadSurvivalCallback(Callback):
@@ -77,13 +78,15 @@ class HeadSurvivalCallback(Callback):
     # --- work ---------------------------------------------------------------------------------------
     def _measure_and_log(self, trainer: Trainer, pl_module: LightningModule) -> None:
         # once per optimizer step: gradient accumulation repeats the step, validation may land on a measured step
-        if self._last_step == trainer.global_step or not trainer.is_global_zero:
+        if self._last_step == trainer.global_step:
             return
         self._last_step = trainer.global_step
-        writer = tensorboard_writer(trainer, type(self).__name__)
-        if writer is None:
-            return
-        model = pl_module.model
+        with whole_decoder(trainer, pl_module) as model:  # every rank enters: under FSDP it gathers the model
+            writer = tensorboard_writer(trainer, type(self).__name__) if model is not None else None
+            if writer is not None:
+                self._measure(trainer, pl_module, model, writer)
+
+    def _measure(self, trainer: Trainer, pl_module: LightningModule, model, writer) -> None:
         batch = self._probe_batch(trainer, model)
         input_ids = batch["input_ids"].to(pl_module.device)
         seq_len = input_ids.shape[1]

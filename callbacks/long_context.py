@@ -14,7 +14,9 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 from callbacks.dashboard import datamodule_method, new_figure, tensorboard_writer, write_layout_once
+from datamodules import TextDataModule
 from fpa_lightning.analysis.positions import loss_by_position, uniform_edges
+from modules.scaling import whole_decoder
 
 
 class LongContextLossCallback(Callback):
@@ -25,9 +27,12 @@ class LongContextLossCallback(Callback):
         train_context: the training context length (default: the model's max_seq_len).
         bucket_size: positions per bucket (default: train_context // 2).
         n_documents: how many documents to evaluate (fetched once, then reused at every validation).
-        split: the datamodule split to read documents from (`trainer.datamodule.long_documents`).
+        split: the split to read documents from (`long_documents` of `data`, else of the trainer's datamodule).
         min_tokens: skip shorter documents (default: train_context + 1, so every document reaches past training).
         documents: explicit documents (1-D LongTensors) instead of the datamodule's.
+        data: a data module of its own for the documents instead of the training data's validation split, e.g.
+            PG-19 books from a local folder: ``datamodules.PG19DataModule(source="/data/pg19")`` with split "test"
+            (give it the training run's tokenizer).
         chunk: positions per vocabulary-projection chunk in `token_losses`.
         log_image: also log the loss-versus-position plot.
     """
@@ -41,6 +46,7 @@ class LongContextLossCallback(Callback):
         split: str = "validation",
         min_tokens: int | None = None,
         documents: Iterable[torch.Tensor] | None = None,
+        data: TextDataModule | None = None,
         chunk: int = 1024,
         log_image: bool = True,
     ):
@@ -50,15 +56,18 @@ class LongContextLossCallback(Callback):
         self.n_documents, self.split, self.min_tokens = n_documents, split, min_tokens
         self.chunk, self.log_image = chunk, log_image
         self._documents = None if documents is None else list(documents)
+        self.data = data
         self.latest: dict[int, float] | None = None  # bucket start -> mean loss, from the last validation
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if trainer.sanity_checking or not trainer.is_global_zero:
+        if trainer.sanity_checking:
             return
-        writer = tensorboard_writer(trainer, type(self).__name__)
-        if writer is None:
-            return
-        model = pl_module.model
+        with whole_decoder(trainer, pl_module) as model:  # every rank enters: under FSDP it gathers the model
+            writer = tensorboard_writer(trainer, type(self).__name__) if model is not None else None
+            if writer is not None:
+                self._measure(trainer, model, writer)
+
+    def _measure(self, trainer: Trainer, model, writer) -> None:
         context = self.train_context or model.cfg.max_seq_len
         window, bucket = context * self.context_multiple, self.bucket_size or max(1, context // 2)
         sums, counts = loss_by_position(model, self._load_documents(trainer, context, window),
@@ -79,8 +88,8 @@ class LongContextLossCallback(Callback):
     def _load_documents(self, trainer: Trainer, context: int, window: int) -> list[torch.Tensor]:
         """The explicit documents, else the datamodule's (fetched once: the same documents at every validation)."""
         if self._documents is None:
-            long_documents = datamodule_method(trainer, "long_documents", type(self).__name__, "documents",
-                                               "documents=[LongTensor, ...]")
+            long_documents = self.data.long_documents if self.data is not None else datamodule_method(
+                trainer, "long_documents", type(self).__name__, "documents", "documents=[LongTensor, ...] or data=...")
             min_tokens = self.min_tokens if self.min_tokens is not None else context + 1
             self._documents = list(long_documents(split=self.split, max_tokens=window + 1, min_tokens=min_tokens,
                                                   limit=self.n_documents))

@@ -16,10 +16,12 @@ Each batch carries (privately, stripped before it reaches the model) its worker'
 ``(pass, document index in the shard's stream, token offset in that document)``. The module records the
 cursor of every batch the training loop actually *consumes* (``on_before_batch_transfer``: Lightning
 prefetches one batch ahead, so counting yielded batches would skip one on resume; without a trainer,
-yielded = consumed). ``state_dict()`` holds these cursors; after ``load_state_dict()`` each worker
-skips to its cursor (reading, not tokenising, the records before it) and the physical workers are
-rotated so that the next batch comes from the right logical worker. Resuming requires the same
-world size, ``num_workers``, ``seq_len``, ``batch_size`` and ``seed`` (checked).
+yielded = consumed). ``state_dict()`` holds these cursors for every rank (gathered from the ranks while
+Lightning writes a checkpoint); after ``load_state_dict()`` each rank takes its own, each worker skips to its
+cursor (reading, not tokenising, the records before it) and the physical workers are rotated so that the next
+batch comes from the right logical worker. Resuming requires the same world size, ``num_workers``, ``seq_len``,
+``batch_size`` and ``seed`` (checked; another world size is refused: shards are cut per world size, so cursors
+of one sharding mean nothing in another).
 """
 
 from __future__ import annotations

@@ -179,7 +179,7 @@ class TextDataModule(L.LightningDataModule):
         if infinite:
             self._check_resume_config(world)
             cursors, rotation = list(self._train_cursors), self._train_consumed % max(1, self.num_workers)
-            self._train_world = world
+            self._train_world, self._train_rank = world, rank
         stream = PackedStream(
             self.split_source(split), self.tokenizer, self.seq_len, batch_size, self.seed, rank, world,
             self.num_workers, infinite, self.shuffle_block, cursors, rotation,
@@ -212,6 +212,7 @@ class TextDataModule(L.LightningDataModule):
         self._train_cursors: list = [None] * max(1, self.num_workers)
         self._train_consumed = 0
         self._train_world: int | None = None
+        self._train_rank = 0
         self._pending: dict[int, tuple] = {}  # id(batch) -> (worker, cursor), yielded but not consumed
 
     def _on_batch_meta(self, split: str, meta: dict) -> None:
@@ -253,26 +254,44 @@ class TextDataModule(L.LightningDataModule):
 
     def _check_resume_config(self, world: int) -> None:
         if self._train_world is not None and self._train_world != world:
-            raise ValueError(f"resuming with world size {world}, but the state was saved with {self._train_world}")
+            raise ValueError(
+                f"cannot resume the train stream: its state was saved by {self._train_world} rank(s), this run has "
+                f"{world}. The stream is sharded by rank (datamodules.stream), so an exact resume needs the same "
+                f"world size (trainer.devices x trainer.num_nodes) and num_workers; resume with "
+                f"{self._train_world} rank(s), or start a new run from the weights only")
 
     def state_dict(self) -> dict:
-        """Resume state of the train stream (saved by Lightning in checkpoints)."""
-        return {
-            "consumed": self._train_consumed,
-            "cursors": [list(c) if c else None for c in self._train_cursors],
-            "world_size": self._train_world,
-            "config": self._resume_config(),
-            "stats": self.stats,
-        }
+        """Resume state of the train stream (saved by Lightning in checkpoints): every rank's cursors.
+
+        Under DDP/FSDP each rank reads its own shard, so each has its own cursors; Lightning calls this on every
+        rank while writing a checkpoint, and the ranks' states are gathered here (a collective) into ``ranks``.
+        """
+        rank_state = {"rank": self._train_rank, "consumed": self._train_consumed,
+                      "cursors": [list(c) if c else None for c in self._train_cursors], "stats": self.stats}
+        return {"world_size": self._train_world, "ranks": _gather_from_ranks(rank_state),
+                "config": self._resume_config()}
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore the train stream position; the next train_dataloader() continues exactly there."""
+        """Restore this rank's train stream position; the next train_dataloader() continues exactly there.
+
+        A state saved by another number of ranks is refused (``_check_resume_config``): shards differ per world size.
+        """
         if state.get("config") != self._resume_config():
             raise ValueError(f"cannot resume: data config changed from {state.get('config')} to {self._resume_config()}")
-        self._train_cursors = [tuple(c) if c else None for c in state["cursors"]]
-        self._train_consumed = state["consumed"]
+        if "ranks" not in state:  # written before per-rank states: one rank's entry at the top level
+            state = {**state, "ranks": [{"rank": 0, **{k: state[k] for k in ("consumed", "cursors", "stats")}}]}
         self._train_world = state.get("world_size")
-        for split, st in state.get("stats", {}).items():
+        rank, world = self._dist()
+        if getattr(self, "trainer", None) is not None or world > 1:
+            self._check_resume_config(world)
+        mine = [entry for entry in state["ranks"] if entry["rank"] == rank]
+        if not mine:
+            raise ValueError(f"cannot resume: the data state has no entry for rank {rank} "
+                             f"(ranks {[entry['rank'] for entry in state['ranks']]})")
+        entry = mine[0]
+        self._train_cursors = [tuple(c) if c else None for c in entry["cursors"]]
+        self._train_consumed = entry["consumed"]
+        for split, st in entry.get("stats", {}).items():
             self.split_stats[split] = PipelineStats()
             self.split_stats[split].add(st)
 
@@ -318,6 +337,17 @@ class TextDataModule(L.LightningDataModule):
                 yielded += 1
                 if limit is not None and yielded >= limit:
                     return
+
+
+def _gather_from_ranks(obj) -> list:
+    """[obj of rank 0, obj of rank 1, ...] across the process group (a collective: every rank must call it);
+    [obj] in a single process."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        gathered = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, obj)
+        return gathered
+    return [obj]
 
 
 class _LongDocStream(IterableDataset):

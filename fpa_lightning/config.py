@@ -53,6 +53,10 @@ class AttentionConfig:
     """FPA fused kernel only: skip key blocks whose bias is provably below this value (e.g. -10); null = exact."""
     dcp_dim: int = 32
     """DCP: dimension of the interaction queries and keys shared across heads."""
+    document_mask: bool = False
+    """Restrict every query to keys of its own document in packed rows (from the batch's segment_ids), with FPA's
+    walk and FoX's decay restarted at each document start: a packed row then equals its documents run one by one.
+    Off by default: packed documents see each other (the published setup)."""
 
     def __post_init__(self) -> None:
         entry = backend_entry(self.backend)

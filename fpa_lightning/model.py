@@ -45,8 +45,8 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = SwiGLU(cfg.d_model, cfg.d_mlp)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x))
+    def forward(self, x: torch.Tensor, segment_ids: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), segment_ids)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -74,11 +74,18 @@ class Decoder(nn.Module):
             nn.init.normal_(block.mlp.down.weight, std=residual_std)
             # gate maps keep their backend's own documented initialisation
 
-    def features(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """input_ids (B, T) -> final normed hidden states (B, T, C)."""
+    def document_mask(self, segment_ids: torch.Tensor | None) -> torch.Tensor | None:
+        """The segment ids attention uses: the batch's (B, T) under ``attention.document_mask``, else None (packed
+        documents see each other, the default)."""
+        return segment_ids if self.cfg.attention.document_mask else None
+
+    def features(self, input_ids: torch.Tensor, segment_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """input_ids (B, T) -> final normed hidden states (B, T, C). segment_ids (B, T): the documents of packed
+        rows, used when ``attention.document_mask`` is on."""
+        segment_ids = self.document_mask(segment_ids)
         x = self.embed(input_ids)
         for block in self.blocks:
-            x = block(x)
+            x = block(x, segment_ids)
         return self.norm(x)
 
     def features_with(self, input_ids: torch.Tensor,
@@ -92,14 +99,15 @@ class Decoder(nn.Module):
             x = x + block.mlp(block.mlp_norm(x))
         return self.norm(x)
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, segment_ids: torch.Tensor | None = None) -> torch.Tensor:
         """input_ids (B, T) -> logits (B, T, V)."""
-        return self.lm_head(self.features(input_ids))
+        return self.lm_head(self.features(input_ids, segment_ids))
 
-    def token_losses(self, input_ids: torch.Tensor, labels: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
+    def token_losses(self, input_ids: torch.Tensor, labels: torch.Tensor, chunk: int = 1024,
+                     segment_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Per-token cross-entropy (B, T) in float32, the vocabulary projection taken `chunk` positions at a
         time so long inputs never hold (T, V) logits at once."""
-        hidden = self.features(input_ids)
+        hidden = self.features(input_ids, segment_ids)
         losses = [
             F.cross_entropy(
                 at_least_fp32(self.lm_head(hidden[:, i : i + chunk])).flatten(0, 1),
@@ -111,22 +119,36 @@ class Decoder(nn.Module):
         return torch.cat(losses, dim=1)
 
     @torch.no_grad()
-    def probe(self, input_ids: torch.Tensor) -> list[LayerProbe]:
+    def probe(self, input_ids: torch.Tensor, segment_ids: torch.Tensor | None = None) -> list[LayerProbe]:
         """Per layer, the backend's bias ingredients for this batch (float32, no grad): the explicit
-        statistics path for callbacks, separate from the training forward."""
+        statistics path for callbacks, separate from the training forward. Under document masking the hidden
+        states are the masked model's and the walks restart at documents; the bias itself spans all pairs."""
+        segment_ids = self.document_mask(segment_ids)
         device_type = input_ids.device.type
         with torch.autocast(device_type, enabled=False):
             x = self.embed(input_ids)
             probes = []
             for block in self.blocks:
-                probes.append(block.attn.probe(block.attn_norm(x)))
-                x = block(x)
+                probes.append(block.attn.probe(block.attn_norm(x), segment_ids))
+                x = block(x, segment_ids)
         return probes
 
     def attention_impls(self, device: torch.device | str) -> list[str]:
         """The inner-op implementation each layer runs on `device` (raises for a request that cannot run)."""
         device = torch.device(device)
         return [f"{b.attn.backend.label}:{b.attn.backend.resolve_impl(device)}" for b in self.blocks]
+
+    def attention_fallbacks(self, device: torch.device | str) -> list[str]:
+        """One message per reason why ``impl='auto'`` runs the slower chunked path on `device`, naming the layers."""
+        device = torch.device(device)
+        layers_by_reason: dict[tuple[str, str], list[int]] = {}
+        for i, block in enumerate(self.blocks):
+            backend = block.attn.backend
+            reason = backend.fallback_reason(device)
+            if reason is not None:
+                layers_by_reason.setdefault((backend.label, reason), []).append(i)
+        return [f"attention.impl='auto' falls back to the slower chunked path in layer(s) {layers} ({label}): {reason}"
+                for (label, reason), layers in layers_by_reason.items()]
 
     @contextmanager
     def bias_hooks(self, make_hook: Callable[[int], BiasHook]) -> Iterator[None]:

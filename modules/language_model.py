@@ -7,12 +7,13 @@ from dataclasses import asdict, dataclass
 
 import lightning as L
 import torch
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torchmetrics import MeanMetric
 
 from fpa_lightning import Decoder, ModelConfig
 from fpa_lightning.attention import AttentionBackend
 from fpa_lightning.generation import GenerationConfig
+from modules import scaling
 
 
 @dataclass
@@ -65,11 +66,15 @@ def decayed_parameters(model: torch.nn.Module) -> tuple[list[torch.nn.Parameter]
     so it would decay towards 0 between its updates. Parameters owned by an ``AttentionBackend`` (FPA's field
     map and beta, FoX's forget gate, DCP's interaction) do not: decay would pull their biases and scales towards
     a fixed bias strength, i.e. it would regularise the method under study itself.
+
+    Matrices are found as ``nn.Linear`` weights, not by ``ndim``: under FSDP every parameter is a flat 1-D shard
+    when the optimizer is built.
     """
     exempt = {id(p) for m in model.modules() if isinstance(m, (AttentionBackend, torch.nn.Embedding))
               for p in m.parameters()}
+    matrices = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Linear)}
     params = [p for p in model.parameters() if p.requires_grad]  # a tied weight appears once
-    decayed = [p for p in params if p.ndim >= 2 and id(p) not in exempt]
+    decayed = [p for p in params if id(p) in matrices and id(p) not in exempt]
     chosen = {id(p) for p in decayed}
     return decayed, [p for p in params if id(p) not in chosen]
 
@@ -84,19 +89,22 @@ class LanguageModel(L.LightningModule):
     """Trains ``Decoder(model)`` on batches ``{input_ids, labels}`` (B, T) with next-token cross-entropy.
 
     Logs ``train/loss``, ``train/lr``, ``train/tokens_per_s`` (all ranks' tokens over wall time of
-    training steps, validation excluded), ``val/loss`` (mean over all tokens) and ``val/ppl``.
-    Precision is the Trainer's (``trainer.precision`` in the config).
+    training steps, validation excluded), ``val/loss`` (mean over all tokens), ``val/ppl``, and ``test/loss``,
+    ``test/ppl`` in ``train.py test``. Precision and the strategy (DDP, FSDP) are the Trainer's; ``compile``:
+    ``torch.compile`` every block (True, or torch.compile's keyword arguments). Batches may carry ``segment_ids``
+    (B, T), used under ``attention.document_mask``.
     """
 
-    def __init__(self, model: ModelConfig, optim: OptimConfig = OptimConfig()):
+    def __init__(self, model: ModelConfig, optim: OptimConfig = OptimConfig(), compile: bool | dict = False):
         super().__init__()
         # A checkpoint stores plain dicts, so ``load_from_checkpoint`` calls us with dicts.
         model = ModelConfig(**model) if isinstance(model, dict) else model
         optim = OptimConfig(**optim) if isinstance(optim, dict) else optim
-        self.save_hyperparameters({"model": asdict(model), "optim": asdict(optim)})
-        self.optim = optim
+        self.save_hyperparameters({"model": asdict(model), "optim": asdict(optim), "compile": compile})
+        self.optim, self.compile_options = optim, compile
         self.model = Decoder(model)
-        self.val_loss = MeanMetric()
+        self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
+        self._warned_fallbacks = False
         self._window_start: float | None = None
         self._window_tokens = 0
         self._last_step = 0
@@ -104,8 +112,14 @@ class LanguageModel(L.LightningModule):
     def setup(self, stage: str) -> None:
         """Resolve each layer's attention implementation on the run's device (an impossible request raises
         here, before training) and record it in hparams, which the loggers receive, and in checkpoints."""
-        impls = self.model.attention_impls(self.trainer.strategy.root_device)
+        device = self.trainer.strategy.root_device
+        impls = self.model.attention_impls(device)
         rank_zero_info(f"attention implementation per layer: {impls}")
+        if not self._warned_fallbacks:  # once per run, loudly: a slower path than asked for is not a detail
+            for message in self.model.attention_fallbacks(device):
+                rank_zero_warn(message)
+            self._warned_fallbacks = True
+        scaling.shard_by_block(self.trainer)
         # Saving again also refreshes hparams_initial: the loggers get one set, the impls included.
         self.save_hyperparameters({**self.hparams, "attention_impls": impls})
 
@@ -114,18 +128,29 @@ class LanguageModel(L.LightningModule):
         # arguments, and attention_impls is not one: it is kept beside them.
         checkpoint["attention_impls"] = checkpoint["hyper_parameters"].pop("attention_impls", None)
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids)
+    def configure_model(self) -> None:
+        if self.compile_options:
+            scaling.compile_blocks(self.model, self.compile_options)
+
+    def forward(self, input_ids: torch.Tensor, segment_ids: torch.Tensor | None = None) -> torch.Tensor:
+        return self.model(input_ids, segment_ids)
+
+    def token_losses(self, batch: dict) -> torch.Tensor:
+        """Per-token losses (B, T) of a batch, its documents masked under ``attention.document_mask``."""
+        return self.model.token_losses(batch["input_ids"], batch["labels"], segment_ids=batch.get("segment_ids"))
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        loss = self.model.token_losses(batch["input_ids"], batch["labels"]).mean()
+        loss = self.token_losses(batch).mean()
         self.log("train/loss", loss, prog_bar=True)
         self.log("train/lr", self.lr_schedulers().get_last_lr()[0])
         self._window_tokens += batch["input_ids"].numel() * self.trainer.world_size
         return loss
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
-        self.val_loss.update(self.model.token_losses(batch["input_ids"], batch["labels"]))
+        self.val_loss.update(self.token_losses(batch))
+
+    def test_step(self, batch: dict, batch_idx: int) -> None:
+        self.test_loss.update(self.token_losses(batch))
 
     def predict_step(self, batch: dict, batch_idx: int) -> dict:
         """Continues a ``datamodules.PromptDataModule`` batch (``fpa_lightning.generation``); adds output_ids, stats."""
@@ -134,10 +159,16 @@ class LanguageModel(L.LightningModule):
         return {**batch, "output_ids": ids, "stats": stats}
 
     def on_validation_epoch_end(self) -> None:
-        loss = self.val_loss.compute()  # mean over every validation token of every rank
-        self.val_loss.reset()
-        self.log("val/loss", loss, prog_bar=True)
-        self.log("val/ppl", loss.exp())
+        self._log_mean_loss("val", self.val_loss, prog_bar=True)
+
+    def on_test_epoch_end(self) -> None:
+        self._log_mean_loss("test", self.test_loss)
+
+    def _log_mean_loss(self, split: str, metric: MeanMetric, prog_bar: bool = False) -> None:
+        loss = metric.compute()  # mean over every token of every rank
+        metric.reset()
+        self.log(f"{split}/loss", loss, prog_bar=prog_bar)
+        self.log(f"{split}/ppl", loss.exp())
 
     # --- throughput: tokens over the wall time of training steps, measured per logging window -------
 
@@ -168,14 +199,9 @@ class LanguageModel(L.LightningModule):
         return fused_adamw_applies(self.device.type, str(self.trainer.precision))
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
-        # Lightning refuses to clip for any fused optimizer under mixed precision (the fp16 case above). Under
-        # bf16-mixed there is no scaler, the gradients are the true ones, and clipping them here is exact.
-        if not optimizer.defaults.get("fused") or not gradient_clip_val:
-            return super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
-        if gradient_clip_algorithm == "value":
-            torch.nn.utils.clip_grad_value_(self.parameters(), gradient_clip_val)
-        else:
-            torch.nn.utils.clip_grad_norm_(self.parameters(), gradient_clip_val)
+        # through the strategy: FSDP clips by the norm of every shard; fused AdamW under bf16 (modules.scaling)
+        if not scaling.clip_gradients(self, optimizer, gradient_clip_val, gradient_clip_algorithm):
+            super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def configure_optimizers(self):
         decayed, not_decayed = decayed_parameters(self.model)

@@ -51,8 +51,12 @@ def configured_optimizer(lm: LanguageModel, max_steps: int):
 
 
 @pytest.mark.parametrize("backend", ["fpa", "fox", "dcp"])
-def test_weight_decay_only_on_block_matrices(backend):
+@pytest.mark.parametrize("flat", [False, True], ids=["plain", "fsdp-like-1d-shards"])
+def test_weight_decay_only_on_block_matrices(backend, flat):
     lm = LanguageModel(tiny_config(backend))
+    if flat:  # FSDP (use_orig_params) hands the optimizer 1-D views of each rank's shard: the split must not change
+        for p in lm.parameters():
+            p.data = p.data.reshape(-1)
     optimizer, _ = configured_optimizer(lm, 10)
     decay, no_decay = optimizer.param_groups
     assert (decay["weight_decay"], no_decay["weight_decay"]) == (0.1, 0.0)
@@ -166,3 +170,44 @@ def test_fused_adamw_only_on_cuda_without_fp16_scaling():
     assert fused_adamw_applies("cuda", "bf16-mixed") and fused_adamw_applies("cuda", "32-true")
     assert not fused_adamw_applies("cuda", "16-mixed")
     assert not fused_adamw_applies("cpu", "bf16-mixed")
+
+
+def test_compile_smoke_same_losses_and_no_graph_break(tmp_path):
+    """``compile`` compiles every block (here with the graph-capture-only "eager" backend and fullgraph=True, so a
+    graph break inside a block fails); the steps give the uncompiled model's losses. Inductor runs on the GPU
+    (benchmarks/train_throughput.py --compile)."""
+    losses = []
+    for compile_options in (False, {"backend": "eager", "fullgraph": True}):
+        torch.manual_seed(0)
+        lm = LanguageModel(tiny_config(), OptimConfig(warmup_steps=1), compile=compile_options)
+        _, recorder = fit(lm, 2, tmp_path)
+        losses.append(recorder.losses)
+    assert all(getattr(block, "_compiled_call_impl", None) is not None for block in lm.model.blocks)
+    assert lm.hparams["compile"] == {"backend": "eager", "fullgraph": True}
+    assert losses[1] == pytest.approx(losses[0], rel=1e-5)
+
+
+def test_auto_falls_back_loudly_once_naming_the_layer(tmp_path):
+    lm = LanguageModel(tiny_config(impl="auto", bias_layers=[1]))
+    with pytest.warns(UserWarning, match=r"impl='auto' falls back to the slower chunked path in layer\(s\) \[1\] "
+                                         r"\(fpa\): the fused path needs a CUDA GPU, the run is on cpu"):
+        fit(lm, 1, tmp_path)
+    assert lm.model.attention_fallbacks("cuda") == []
+    dipsum = LanguageModel(tiny_config(impl="auto", fpa_reduction="dipsum"))
+    assert dipsum.model.attention_fallbacks("cuda") == [
+        "attention.impl='auto' falls back to the slower chunked path in layer(s) [0, 1] (fpa): the Triton kernel "
+        "implements the min reduction with a key level only"]
+    assert LanguageModel(tiny_config(impl="chunked")).model.attention_fallbacks("cpu") == []  # asked for
+
+
+def test_batches_segment_ids_reach_attention_under_document_mask():
+    """With attention.document_mask the module's loss is that of the documents run one by one."""
+    torch.manual_seed(0)
+    lm = LanguageModel(tiny_config(document_mask=True))
+    tokens = torch.randint(0, VOCAB, (1, 33), generator=torch.Generator().manual_seed(1))
+    segment_ids = (torch.arange(32) >= 20).long()[None]
+    batch = {"input_ids": tokens[:, :-1], "labels": tokens[:, 1:], "segment_ids": segment_ids}
+    with torch.no_grad():
+        packed = lm.token_losses(batch)
+        second = lm.model.token_losses(tokens[:, 20:32], tokens[:, 21:33])
+    torch.testing.assert_close(packed[:, 20:], second, rtol=1e-5, atol=1e-5)

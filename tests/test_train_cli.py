@@ -87,3 +87,14 @@ def test_resume_continues_the_same_trajectory(tmp_path, monkeypatch):
     assert after_resume == {step: straight[step] for step in after_resume}
     assert logged(runs / "quickstart" / "version_1", "train/lr") == {
         step: value for step, value in logged(straight_dir, "train/lr").items() if step in after_resume}
+
+
+def test_the_test_subcommand_logs_test_loss_and_ppl(tmp_path, monkeypatch):
+    """`python train.py test --config ...` runs a test loop over the data's test split."""
+    monkeypatch.chdir(tmp_path)
+    args = ["test", *tiny_quickstart_args(tmp_path / "runs", 1)[1:], "--trainer.limit_test_batches=2"]
+    cli = main(args)
+    metrics = cli.trainer.callback_metrics
+    assert {"test/loss", "test/ppl"} <= set(metrics)
+    assert metrics["test/ppl"].item() == pytest.approx(metrics["test/loss"].exp().item())
+    assert logged(tmp_path / "runs" / "quickstart" / "version_0", "test/loss")

@@ -205,7 +205,7 @@ def measure_heads(
     n_head = model.cfg.n_head
     report = HeadReport(query_start, {}, nonsuffix_at_least=nonsuffix_at_least)
     with torch.autocast(input_ids.device.type, enabled=False):  # bias math in float32 under mixed precision
-        for layer, probe in enumerate(model.probe(input_ids)):
+        for layer, probe in enumerate(model.probe(input_ids, segment_ids)):
             if probe.backend == "none":
                 continue
             stats = layer_survival(probe.row_blocks(block_size), segment_ids, query_start, threshold)

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from fpa_lightning.attention.base import AttentionBackend
 from fpa_lightning.ops.alibi import alibi_cumulative, alibi_slopes
-from fpa_lightning.ops.common import FAR, at_least_fp32
+from fpa_lightning.ops.common import FAR, at_least_fp32, cumsum_within_documents, document_first_tokens
 from fpa_lightning.ops.dcp import dcp_attention_gpu, dcp_bias, dcp_bias_block, log_keep
 from fpa_lightning.ops.fox import fox_bias, fox_bias_block
 from fpa_lightning.ops.fox_flex import fox_flex_attention
@@ -33,7 +33,7 @@ class AlibiBackend(AttentionBackend):
 
     has_bias = True
 
-    def ingredients(self, x, q, k):
+    def ingredients(self, x, q, k, segment_ids=None):  # relative: no restart needed
         return {"log_gate_cumsum": alibi_cumulative(self.alibi_slope.to(q.device), q.shape[0], q.shape[1])}
 
     def positional_bias(self, batch, T, device):  # ALiBi is this backend's own bias, added once
@@ -46,6 +46,18 @@ class AlibiBackend(AttentionBackend):
         return fox_bias_block(ingredients["log_gate_cumsum"].transpose(1, 2), lo, hi), None
 
     # decoding: the base class's positional ALiBi term (from the cached keys' positions) is this backend's bias
+
+
+# Under torch.compile (``model.compile``) these run between graphs, a graph break per layer: the Triton autograd
+# function is launched as is, and FlexAttention is compiled on its own (with its own length handling).
+_fused_fpa = torch.compiler.disable(fused_fpa_attention)
+_fox_flex = torch.compiler.disable(fox_flex_attention)
+
+
+def _running_sum(values: torch.Tensor, segment_ids: torch.Tensor | None) -> torch.Tensor:
+    """values (B, T, H) summed along T; restarted at every document start under document masking. Same-document
+    differences are the same either way; the restart keeps the values as small as in a lone document."""
+    return values.cumsum(dim=1) if segment_ids is None else cumsum_within_documents(values, segment_ids)
 
 
 def _alibi_like_init(bias: torch.Tensor, n_head: int, transform) -> None:
@@ -70,9 +82,9 @@ class FoxBackend(AttentionBackend):
         # σ(f) = e^{−m}  <=>  f = log(e^{−m} / (1 − e^{−m})) = −log(e^{m} − 1)
         _alibi_like_init(self.gate.bias, n_head, lambda m: -torch.log(torch.expm1(m)))
 
-    def ingredients(self, x, q, k):
+    def ingredients(self, x, q, k, segment_ids=None):
         log_gate = F.logsigmoid(self.gate(at_least_fp32(x)))  # (B, T, H), ≤ 0
-        return {"log_gate_cumsum": log_gate.cumsum(dim=1)}
+        return {"log_gate_cumsum": _running_sum(log_gate, segment_ids)}
 
     def own_bias(self, ingredients):
         return fox_bias(ingredients["log_gate_cumsum"])
@@ -80,8 +92,8 @@ class FoxBackend(AttentionBackend):
     def own_bias_block(self, ingredients, lo, hi, carry):
         return fox_bias_block(ingredients["log_gate_cumsum"].transpose(1, 2), lo, hi), None
 
-    def fused(self, q, k, v, ingredients):
-        return fox_flex_attention(q, k, v, ingredients["log_gate_cumsum"], scale=self.scale)
+    def fused(self, q, k, v, ingredients, segment_ids=None):
+        return _fox_flex(q, k, v, ingredients["log_gate_cumsum"], scale=self.scale, segment_ids=segment_ids)
 
     # decoding: per cached key its running log-decay Σ_{s<u≤t} log σ(f_u), one scalar per key and head
     def decode_prefill_state(self, x, q, k, lengths):
@@ -121,19 +133,21 @@ class FpaBackend(AttentionBackend):
         _alibi_like_init(self.gate.bias[:n_head], n_head, torch.neg)
         self.beta_raw = nn.Parameter(torch.full((n_head,), math.log(math.e - 1.0)))  # softplus⁻¹(1)
 
-    def fields(self, x: torch.Tensor, walk_start: torch.Tensor | None = None):
+    def fields(self, x: torch.Tensor, walk_start: torch.Tensor | None = None,
+               segment_ids: torch.Tensor | None = None):
         """φ, ψ and the walk W of tokens x (B, n, C), each (B, n, H) in float32; the walk continues from
-        walk_start (B, H) (decoding) or starts at 0."""
+        walk_start (B, H) (decoding) or starts at 0, and restarts at every document of segment_ids (B, n)
+        (document masking)."""
         maps = self.gate(at_least_fp32(x)).unflatten(-1, (self.n_maps, self.n_head))  # (B, n, maps, H)
-        walk = maps[:, :, 0].cumsum(dim=1)  # W_t = Σ_{u≤t} δ_u, (B, n, H), float32
+        walk = _running_sum(maps[:, :, 0], segment_ids)  # W_t = Σ_{u≤t} δ_u, (B, n, H), float32
         if walk_start is not None:
             walk = walk + walk_start[:, None]
         phi = walk + maps[:, :, 1] if self.n_maps > 1 else walk
         psi = walk + maps[:, :, 2] if self.n_maps > 2 else walk
         return phi, psi, walk
 
-    def ingredients(self, x, q, k):
-        phi, psi, _ = self.fields(x)
+    def ingredients(self, x, q, k, segment_ids=None):
+        phi, psi, _ = self.fields(x, segment_ids=segment_ids)
         return {"phi": phi, "psi": psi, "beta": F.softplus(at_least_fp32(self.beta_raw))}
 
     def own_bias(self, ingredients):
@@ -152,9 +166,11 @@ class FpaBackend(AttentionBackend):
             return f"the Triton kernel supports head dims {FPA_FUSED_HEAD_DIMS}, got {self.head_dim}"
         return super().fused_unsupported_reason()
 
-    def fused(self, q, k, v, ingredients):
-        return fused_fpa_attention(q, k, v, ingredients["phi"], ingredients["psi"], ingredients["beta"],
-                                   scale=self.scale, skip_threshold=self.cfg.skip_threshold)
+    def fused(self, q, k, v, ingredients, segment_ids=None):
+        # the kernel's document masking is keyword-only; without it the call is the one every kernel version takes
+        documents = {} if segment_ids is None else {"segment_ids": segment_ids}
+        return _fused_fpa(q, k, v, ingredients["phi"], ingredients["psi"], ingredients["beta"],
+                          scale=self.scale, skip_threshold=self.cfg.skip_threshold, **documents)
 
     # decoding: per cached key s and head, its level ψ_s and the running path statistic of (s, t]: the minimum
     # m_s = min φ_u (min reduction) or the dip sum Σ min(0, φ_u − ψ_s) (dipsum); per row, the walk so far.
@@ -204,17 +220,22 @@ class SelectiveBackend(AttentionBackend):
     has_bias = True
     fused_needs_cuda = True
 
-    def ingredients(self, x, q, k):
-        return {"q0": at_least_fp32(q[:, :, 0]), "k0": at_least_fp32(k[:, :, 0])}
+    def ingredients(self, x, q, k, segment_ids=None):
+        # under document masking every document's first token is never selected (the BOS rule, per document)
+        documents = {} if segment_ids is None else {"segment_ids": segment_ids}
+        return {"q0": at_least_fp32(q[:, :, 0]), "k0": at_least_fp32(k[:, :, 0]), **documents}
 
     def own_bias(self, ingredients):
-        return selective_bias(ingredients["q0"][:, :, None], ingredients["k0"][:, :, None], scale=self.scale)
+        return selective_bias(ingredients["q0"][:, :, None], ingredients["k0"][:, :, None], scale=self.scale,
+                              segment_ids=ingredients.get("segment_ids"))
 
     def own_bias_block(self, ingredients, lo, hi, carry):
-        return selective_bias_block(ingredients["q0"], ingredients["k0"], lo, hi, carry, self.scale)
+        segment_ids = ingredients.get("segment_ids")
+        first_tokens = None if segment_ids is None else document_first_tokens(segment_ids)
+        return selective_bias_block(ingredients["q0"], ingredients["k0"], lo, hi, carry, self.scale, first_tokens)
 
-    def fused(self, q, k, v, ingredients):
-        return selective_attention_gpu(q, k, v, scale=self.scale)
+    def fused(self, q, k, v, ingredients, segment_ids=None):
+        return selective_attention_gpu(q, k, v, scale=self.scale, segment_ids=segment_ids)
 
     # decoding: per cached key its selection so far F_s = Σ_{t'<t} S[t', s], one scalar for all heads
     shared_key_state = True
@@ -251,7 +272,7 @@ class DcpBackend(AttentionBackend):
         nn.init.normal_(self.interaction.weight, std=0.02)
         self.offset = nn.Parameter(torch.tensor(0.9))
 
-    def ingredients(self, x, q, k):
+    def ingredients(self, x, q, k, segment_ids=None):  # a pair's product runs between its query and key: no restart
         qi, ki = self.interaction(at_least_fp32(x)).chunk(2, dim=-1)  # (B, T, r) each
         return {"qi": qi, "ki": ki, "offset": at_least_fp32(self.offset)}
 
@@ -261,8 +282,9 @@ class DcpBackend(AttentionBackend):
     def own_bias_block(self, ingredients, lo, hi, carry):
         return dcp_bias_block(ingredients["qi"], ingredients["ki"], ingredients["offset"], lo, hi, carry)
 
-    def fused(self, q, k, v, ingredients):
-        return dcp_attention_gpu(q, k, v, ingredients["qi"], ingredients["ki"], ingredients["offset"], scale=self.scale)
+    def fused(self, q, k, v, ingredients, segment_ids=None):
+        return dcp_attention_gpu(q, k, v, ingredients["qi"], ingredients["ki"], ingredients["offset"], scale=self.scale,
+                                 segment_ids=segment_ids)
 
     # decoding: per cached key its interaction key ki_s (r floats) and its log keep so far, for all heads
     shared_key_state = True

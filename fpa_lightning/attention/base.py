@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from fpa_lightning.ops.alibi import alibi_cumulative, alibi_decode_bias, alibi_slopes
 from fpa_lightning.ops.blockwise import blockwise_attention
-from fpa_lightning.ops.common import dense_attention
+from fpa_lightning.ops.common import dense_attention, same_document
 from fpa_lightning.ops.fox import fox_bias, fox_bias_block
 
 Ingredients = dict[str, torch.Tensor]
@@ -104,8 +104,10 @@ class AttentionBackend(nn.Module):
         self.bias_hook: BiasHook | None = None
 
     # --- what a subclass provides -------------------------------------------------------------------
-    def ingredients(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> Ingredients:
-        """Bias ingredients from the layer input x (B, T, C) and q, k (B, T, H, D), in float32."""
+    def ingredients(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                    segment_ids: torch.Tensor | None = None) -> Ingredients:
+        """Bias ingredients from the layer input x (B, T, C) and q, k (B, T, H, D), in float32. With segment_ids
+        (B, T) (document masking) running sums over positions restart at every document start."""
         return {}
 
     def own_bias(self, ingredients: Ingredients) -> torch.Tensor | None:
@@ -120,10 +122,14 @@ class AttentionBackend(nn.Module):
         """Why the fused path cannot run this configuration (None: it can)."""
         return "ALiBi is not part of a fused kernel" if self.alibi else None
 
-    def fused(self, q, k, v, ingredients: Ingredients) -> torch.Tensor:
-        return F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
-        ).transpose(1, 2)
+    def fused(self, q, k, v, ingredients: Ingredients, segment_ids: torch.Tensor | None = None) -> torch.Tensor:
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, D)
+        if segment_ids is None:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)
+        T = q.shape[2]
+        causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+        visible = causal & same_document(segment_ids)  # (B, 1, T, T)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=visible).transpose(1, 2)
 
     # --- shared machinery ---------------------------------------------------------------------------
     def positional_bias(self, batch: int, T: int, device) -> Ingredients:
@@ -145,20 +151,30 @@ class AttentionBackend(nn.Module):
             bias = alibi if bias is None else bias + alibi
         return bias
 
-    def bias_ingredients(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> Ingredients:
+    def bias_ingredients(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                         segment_ids: torch.Tensor | None = None) -> Ingredients:
         """Everything the bias of this layer needs: the gate maps' ingredients (outside autocast, so float32)
-        and the positional ALiBi term if configured."""
+        and the positional ALiBi term if configured (relative, so it needs no restart at documents)."""
         with torch.autocast(q.device.type, enabled=False):
-            ingredients = self.ingredients(x, q, k)
+            ingredients = self.ingredients(x, q, k, segment_ids)
         ingredients.update(self.positional_bias(q.shape[0], q.shape[1], q.device))
         return ingredients
+
+    def fallback_reason(self, device: torch.device) -> str | None:
+        """Why ``impl='auto'`` runs the slower chunked path on `device` instead of a fused one; None when it runs
+        fused or the implementation was chosen explicitly."""
+        if self.cfg.impl != "auto":
+            return None
+        reason = self.fused_unsupported_reason()
+        if reason is None and self.fused_needs_cuda and device.type != "cuda":
+            reason = f"the fused path needs a CUDA GPU, the run is on {device.type}"
+        return reason
 
     def resolve_impl(self, device: torch.device) -> str:
         """The implementation that will run on `device`; raises for a request that cannot be met."""
         impl, reason = self.cfg.impl, self.fused_unsupported_reason()
         if impl == "auto":
-            usable = reason is None and (device.type == "cuda" or not self.fused_needs_cuda)
-            return "fused" if usable else "chunked"
+            return "chunked" if self.fallback_reason(device) else "fused"
         if impl == "fused":
             if reason is not None:
                 raise ValueError(f"attention.impl='fused' is not available for backend {self.cfg.backend!r}: {reason}")
@@ -169,20 +185,23 @@ class AttentionBackend(nn.Module):
                 )
         return impl
 
-    def forward(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """q, k, v (B, T, H, D) -> (B, T, H, D)."""
+    def forward(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                segment_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """q, k, v (B, T, H, D) -> (B, T, H, D). segment_ids (B, T): document ids of packed rows (document masking:
+        a query attends only to keys of its own document), or None."""
         impl = self.resolve_impl(q.device)
-        ingredients = self.bias_ingredients(x, q, k)
+        ingredients = self.bias_ingredients(x, q, k, segment_ids)
         if self.bias_hook is not None:
-            return self._hooked_chunked(q, k, v, ingredients)
+            return self._hooked_chunked(q, k, v, ingredients, segment_ids)
         if impl == "fused":
-            return self.fused(q, k, v, ingredients)
+            return self.fused(q, k, v, ingredients, segment_ids)
         if impl == "naive":
-            return dense_attention(q, k, v, self.dense_bias(ingredients), scale=self.scale)
+            return dense_attention(q, k, v, self.dense_bias(ingredients), scale=self.scale, segment_ids=segment_ids)
         bias_block = (lambda lo, hi, carry: self.bias_block(ingredients, lo, hi, carry)) if ingredients else None
-        return blockwise_attention(q, k, v, bias_block, scale=self.scale, block_size=self.cfg.block_size)
+        return blockwise_attention(q, k, v, bias_block, scale=self.scale, block_size=self.cfg.block_size,
+                                   segment_ids=segment_ids)
 
-    def _hooked_chunked(self, q, k, v, ingredients: Ingredients) -> torch.Tensor:
+    def _hooked_chunked(self, q, k, v, ingredients: Ingredients, segment_ids: torch.Tensor | None) -> torch.Tensor:
         """The chunked path with every bias block passed through the bias hook."""
 
         def bias_block(lo: int, hi: int, carry):
@@ -192,7 +211,8 @@ class AttentionBackend(nn.Module):
             bias, hook_carry = self.bias_hook(bias, rows, keys, hook_carry)
             return bias, (inner, hook_carry)
 
-        return blockwise_attention(q, k, v, bias_block, scale=self.scale, block_size=self.cfg.block_size)
+        return blockwise_attention(q, k, v, bias_block, scale=self.scale, block_size=self.cfg.block_size,
+                                   segment_ids=segment_ids)
 
     # --- decoding with a KV cache (fpa_lightning.generation) ------------------------------------------
     # The cache keeps K/V per slot and, per cached key, the state the bias needs: a backend brings its cache form
@@ -244,10 +264,11 @@ class AttentionBackend(nn.Module):
         return out
 
     @torch.no_grad()
-    def probe(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> LayerProbe:
+    def probe(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+              segment_ids: torch.Tensor | None = None) -> LayerProbe:
         if not self.has_bias:
             return LayerProbe("none")
-        return LayerProbe(self.label, self.ingredients(x, q, k), owner=self)
+        return LayerProbe(self.label, self.ingredients(x, q, k, segment_ids), owner=self)
 
     @property
     def label(self) -> str:

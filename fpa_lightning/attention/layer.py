@@ -8,6 +8,7 @@ import torch.nn as nn
 
 from fpa_lightning.attention.base import AttentionBackend, LayerProbe
 from fpa_lightning.attention.registry import backend_entry
+from fpa_lightning.ops.common import at_least_fp32
 
 if TYPE_CHECKING:
     from fpa_lightning.config import ModelConfig
@@ -18,34 +19,37 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, head_dim: int, theta: float):
         super().__init__()
-        self.register_buffer(
-            "inv_freq", theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim), persistent=False
-        )
-        self._cache: tuple[int, torch.device, torch.Tensor, torch.Tensor] | None = None
+        self.head_dim, self.theta = head_dim, theta
+        self._cache: tuple[int, torch.device, torch.dtype, torch.Tensor, torch.Tensor] | None = None
 
-    def tables(self, T: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._cache is None or self._cache[0] < T or self._cache[1] != device:
-            angles = torch.outer(torch.arange(T, device=device, dtype=torch.float32), self.inv_freq.to(device))
+    def tables(self, T: int, device: torch.device,
+               dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin (T, D) in `dtype` (float32, or float64 for float64 references: a float32 table would make
+        the rotation's rounding depend on absolute positions)."""
+        if self._cache is None or self._cache[0] < T or self._cache[1:3] != (device, dtype):
+            inv_freq = self.theta ** (-torch.arange(0, self.head_dim, 2, dtype=dtype) / self.head_dim)  # on the host
+            angles = torch.outer(torch.arange(T, device=device, dtype=dtype), inv_freq.to(device))
             angles = torch.cat([angles, angles], dim=-1)  # (T, D)
-            self._cache = (T, device, angles.cos(), angles.sin())
-        return self._cache[2][:T], self._cache[3][:T]
+            self._cache = (T, device, dtype, angles.cos(), angles.sin())
+        return self._cache[3][:T], self._cache[4][:T]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x (B, T, H, D) -> rotated, same dtype (rotation in float32)."""
-        cos, sin = self.tables(x.shape[1], x.device)
+        """x (B, T, H, D) -> rotated, same dtype (rotation in float32 at least)."""
+        cos, sin = self.tables(x.shape[1], x.device, at_least_fp32(x).dtype)
         return self.rotate(x, cos[:, None], sin[:, None])
 
     def rotate_at(self, x: torch.Tensor, positions: torch.Tensor, limit: int) -> torch.Tensor:
         """x (B, n, H, D) of tokens at positions (B, n), each < limit (decoding: one table for every step, so
         nothing grows inside a captured step) -> rotated, same dtype."""
-        cos, sin = self.tables(limit, x.device)
+        cos, sin = self.tables(limit, x.device, at_least_fp32(x).dtype)
         return self.rotate(x, cos[positions][:, :, None], sin[positions][:, :, None])
 
     @staticmethod
     def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        first, second = x.float().chunk(2, dim=-1)
+        wide = at_least_fp32(x)
+        first, second = wide.chunk(2, dim=-1)
         rotated = torch.cat([-second, first], dim=-1)
-        return (x.float() * cos + rotated * sin).to(x.dtype)
+        return (wide * cos + rotated * sin).to(x.dtype)
 
 
 class CausalSelfAttention(nn.Module):
@@ -74,14 +78,15 @@ class CausalSelfAttention(nn.Module):
             q, k = self.rope.rotate_at(q, positions, limit), self.rope.rotate_at(k, positions, limit)
         return q, k, v
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, segment_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B, T, C) -> (B, T, C); segment_ids (B, T) under document masking, else None."""
         q, k, v = self.project(x)
-        return self.out(self.backend(x, q, k, v).flatten(-2))  # (B, T, C)
+        return self.out(self.backend(x, q, k, v, segment_ids).flatten(-2))  # (B, T, C)
 
     @torch.no_grad()
-    def probe(self, x: torch.Tensor) -> LayerProbe:
+    def probe(self, x: torch.Tensor, segment_ids: torch.Tensor | None = None) -> LayerProbe:
         q, k, _ = self.project(x)
-        return self.backend.probe(x, q, k)
+        return self.backend.probe(x, q, k, segment_ids)
 
 
 def _rename_gates_to_backend(state_dict, prefix, *args) -> None:

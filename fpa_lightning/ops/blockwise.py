@@ -13,22 +13,28 @@ from typing import Any, Callable
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from fpa_lightning.ops.common import same_document
+
 # bias_block(lo, hi, carry) -> (bias rows (B, H or 1, hi - lo, hi) or None, carry for the next block)
 BiasBlockFn = Callable[[int, int, Any], tuple[torch.Tensor | None, Any]]
 
 
 def attend_block(
-    q_blk: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, lo: int, scale: float
+    q_blk: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, lo: int, scale: float,
+    segment_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Causal attention of queries lo.. (q_blk (B, n, H, D)) over keys 0..hi-1 (k, v (B, hi, H, D))."""
+    """Causal attention of queries lo.. (q_blk (B, n, H, D)) over keys 0..hi-1 (k, v (B, hi, H, D)); with
+    segment_ids (B, T) a query sees only keys of its own document."""
     n, hi = q_blk.shape[1], k.shape[1]
     scores = torch.einsum("bqhd,bkhd->bhqk", q_blk, k) * scale  # (B, H, n, hi)
     scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
     if bias is not None:
         scores = scores + bias.to(scores.dtype)
     rows = torch.arange(lo, lo + n, device=q_blk.device)[:, None]
-    future = torch.arange(hi, device=q_blk.device)[None, :] > rows  # (n, hi)
-    probs = scores.masked_fill(future, float("-inf")).softmax(dim=-1)
+    hidden = torch.arange(hi, device=q_blk.device)[None, :] > rows  # (n, hi): future keys
+    if segment_ids is not None:
+        hidden = hidden | ~same_document(segment_ids, lo, hi)  # (B, 1, n, hi)
+    probs = scores.masked_fill(hidden, float("-inf")).softmax(dim=-1)
     return torch.einsum("bhqk,bkhd->bqhd", probs.to(v.dtype), v)
 
 
@@ -41,15 +47,18 @@ def blockwise_attention(
     scale: float | None = None,
     block_size: int = 64,
     carry: Any = None,
+    segment_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """softmax(q·kᵀ·scale + bias, causal)·v computed in query blocks. q, k, v (B, T, H, D) -> (B, T, H, D)."""
+    """softmax(q·kᵀ·scale + bias, causal)·v computed in query blocks. q, k, v (B, T, H, D) -> (B, T, H, D).
+
+    segment_ids (B, T): document ids of packed rows; a query then attends only to keys of its own document."""
     T = q.shape[1]
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     recompute = torch.is_grad_enabled()
 
     def one_block(q_blk: torch.Tensor, carry_in: Any, lo: int, hi: int):
         bias, carry_out = bias_block(lo, hi, carry_in) if bias_block is not None else (None, None)
-        return attend_block(q_blk, k[:, :hi], v[:, :hi], bias, lo, scale), carry_out
+        return attend_block(q_blk, k[:, :hi], v[:, :hi], bias, lo, scale, segment_ids), carry_out
 
     outs = []
     for lo in range(0, T, block_size):

@@ -17,12 +17,36 @@ def at_least_fp32(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.promote_types(t.dtype, torch.float32))
 
 
-def same_document(segment_ids: torch.Tensor) -> torch.Tensor:
-    """segment_ids (B, T) -> (B, 1, T, T) bool, True where query t and key s lie in the same document.
+def same_document(segment_ids: torch.Tensor, lo: int = 0, hi: int | None = None) -> torch.Tensor:
+    """segment_ids (B, T) -> (B, 1, hi − lo, hi) bool, True where query t (rows lo..hi-1) and key s (0..hi-1) lie in
+    the same document; all rows and keys by default, (B, 1, T, T).
 
-    Document masking (docs/method.md, "Document masking"): a packed row's documents never see each other.
+    Document masking (docs/method.md, "Document masking"): a packed row's documents never see each other. Documents
+    are contiguous runs of one id (the data pipeline numbers them 0, 1, ... along a row).
     """
-    return (segment_ids[:, :, None] == segment_ids[:, None, :])[:, None]
+    hi = segment_ids.shape[1] if hi is None else hi
+    return (segment_ids[:, lo:hi, None] == segment_ids[:, None, :hi])[:, None]
+
+
+def document_first_tokens(segment_ids: torch.Tensor) -> torch.Tensor:
+    """segment_ids (B, T) -> (B, T) bool, True at every document's first token (position 0 included)."""
+    first = torch.ones_like(segment_ids, dtype=torch.bool)
+    first[:, 1:] = segment_ids[:, 1:] != segment_ids[:, :-1]
+    return first
+
+
+def cumsum_within_documents(x: torch.Tensor, segment_ids: torch.Tensor) -> torch.Tensor:
+    """x (B, T, ...) -> its cumulative sum along T restarted at every document start of segment_ids (B, T).
+
+    Equal to running each document on its own. The sums run in float64 and are cast back once, so a value is the
+    rounded within-document sum, not a difference of two long row sums.
+    """
+    wide = x.double()
+    exclusive = wide.cumsum(dim=1) - wide  # Σ_{u<t} x_u
+    positions = torch.arange(x.shape[1], device=x.device).expand_as(segment_ids)
+    first = torch.where(document_first_tokens(segment_ids), positions, 0).cummax(dim=1).values  # (B, T)
+    first = first.view(*first.shape, *([1] * (x.dim() - 2))).expand_as(x)
+    return (exclusive + wide - exclusive.gather(1, first)).to(x.dtype)
 
 
 def dense_attention(

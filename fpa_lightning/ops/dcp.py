@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from fpa_lightning.ops.blockwise import query_cumsum_block
+from fpa_lightning.ops.common import same_document
 
 # log of a hard zero: a finite floor keeps sums and their gradients finite (exp(−69) is 1e-30).
 _LOG_FLOOR_PROB = 1e-30
@@ -33,12 +34,16 @@ def log_keep_rows(qi: torch.Tensor, ki: torch.Tensor, offset: torch.Tensor, lo: 
     return torch.where(keys < rows, values, torch.zeros_like(values))
 
 
-def dcp_bias(qi: torch.Tensor, ki: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
-    """All pairs: (B, 1, T, T) cumulative log keep probabilities, −inf above the diagonal."""
+def dcp_bias(qi: torch.Tensor, ki: torch.Tensor, offset: torch.Tensor,
+             segment_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """All pairs: (B, 1, T, T) cumulative log keep probabilities, −inf above the diagonal (and across documents
+    with segment_ids (B, T): a same-document pair's product runs over queries of that document only)."""
     T = qi.shape[1]
     bias = log_keep_rows(qi, ki, offset, 0, T).cumsum(dim=1)  # Σ_{t'≤t}; zero for t' ≤ s
-    future = torch.ones(T, T, dtype=torch.bool, device=qi.device).triu(1)
-    return bias.masked_fill(future, float("-inf"))[:, None]
+    hidden = torch.ones(T, T, dtype=torch.bool, device=qi.device).triu(1)  # future keys
+    if segment_ids is not None:
+        hidden = hidden | ~same_document(segment_ids)[:, 0]  # (B, T, T)
+    return bias.masked_fill(hidden, float("-inf"))[:, None]
 
 
 def dcp_bias_block(qi, ki, offset, lo: int, hi: int, carry):
@@ -47,9 +52,9 @@ def dcp_bias_block(qi, ki, offset, lo: int, hi: int, carry):
     return rows[:, None], carry
 
 
-def dcp_attention_gpu(q, k, v, qi, ki, offset, *, scale: float | None = None):
+def dcp_attention_gpu(q, k, v, qi, ki, offset, *, scale: float | None = None, segment_ids: torch.Tensor | None = None):
     """Fast path: one layer-shared (B, 1, T, T) bias fed to SDPA's memory-efficient kernel."""
-    bias = dcp_bias(qi, ki, offset).to(q.dtype)
+    bias = dcp_bias(qi, ki, offset, segment_ids).to(q.dtype)
     out = F.scaled_dot_product_attention(
         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=bias, scale=scale
     )

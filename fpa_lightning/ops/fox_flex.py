@@ -1,12 +1,19 @@
 """FoX (forgetting attention) on the GPU through FlexAttention.
 
-    fox_flex_attention(q, k, v, log_gate_cumsum, *, scale=None) -> (B, T, H, D)
+    fox_flex_attention(q, k, v, log_gate_cumsum, *, scale=None, segment_ids=None) -> (B, T, H, D)
 
 q, k, v: (B, T, H, D); log_gate_cumsum c: (B, T, H) fp32, c = cumsum of logsigmoid(forget logits).
-Bias b[t, s] = c_t − c_s, causal. Gradients flow to q, k, v and c. CUDA only: no silent fallback.
+Bias b[t, s] = c_t − c_s, causal; with segment_ids (B, T) also restricted to keys of the query's document (a
+document mask_mod). Gradients flow to q, k, v and c. CUDA only: no silent fallback.
 
 The score_mod indexes two tensors, `c` for the query side and `c.clone()` for the key side: indexing
 one grad-requiring tensor twice does not compile for training (docs/kernel.md, "FlexAttention").
+
+Lengths: the inputs are padded at the end to the next power of two, at least ``MIN_LENGTH`` (padded keys lie after
+every real query, so causality hides them; padded rows are cut off), and the function is compiled with dynamic
+shapes. Prompts of many lengths (pass-key retrieval, long-document evaluation) then reuse one compiled graph where
+dynamic shapes hold, and at worst one per power of two (8 cover 128 to 16,384 tokens) instead of one per length
+until torch._dynamo's recompile limit is hit. Training lengths (2048) are powers of two already: no padding.
 """
 from __future__ import annotations
 
@@ -14,6 +21,14 @@ import functools
 import math
 
 import torch
+import torch.nn.functional as F
+
+MIN_LENGTH = 128  # FlexAttention's block size: whole blocks only, so no length hits a partial-block variant
+
+
+def padded_length(T: int) -> int:
+    """The length a (B, T) input is padded to: the next power of two, at least MIN_LENGTH."""
+    return max(MIN_LENGTH, 1 << (T - 1).bit_length())
 
 
 @functools.lru_cache(maxsize=None)
@@ -26,7 +41,7 @@ def _compiled():
 
         return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
 
-    return torch.compile(core, dynamic=False)
+    return torch.compile(core, dynamic=True)
 
 
 @functools.lru_cache(maxsize=32)
@@ -39,8 +54,19 @@ def _causal_block_mask(T: int, device: str):
     return create_block_mask(causal, B=None, H=None, Q_LEN=T, KV_LEN=T, device=device)
 
 
-def fox_flex_attention(q, k, v, log_gate_cumsum, *, scale=None):
-    """Causal FoX attention via compiled FlexAttention; inputs (B, T, H, D) and c (B, T, H)."""
+def _document_block_mask(segment_ids: torch.Tensor):
+    """Causal and same-document, per row of segment_ids (B, T): built per batch (the documents change)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    def causal_same_document(b, h, q_idx, kv_idx):
+        return (q_idx >= kv_idx) & (segment_ids[b, q_idx] == segment_ids[b, kv_idx])
+
+    B, T = segment_ids.shape
+    return create_block_mask(causal_same_document, B=B, H=None, Q_LEN=T, KV_LEN=T, device=segment_ids.device)
+
+
+def fox_flex_attention(q, k, v, log_gate_cumsum, *, scale=None, segment_ids=None):
+    """Causal FoX attention via compiled FlexAttention; inputs (B, T, H, D), c (B, T, H), segment_ids (B, T) or None."""
     c = log_gate_cumsum
     if not all(isinstance(t, torch.Tensor) for t in (q, k, v, c)):
         raise ValueError("fox_flex_attention: q, k, v, log_gate_cumsum must be tensors")
@@ -55,9 +81,16 @@ def fox_flex_attention(q, k, v, log_gate_cumsum, *, scale=None):
     B, T, H, D = q.shape
     if c.shape != (B, T, H):
         raise ValueError(f"fox_flex_attention: log_gate_cumsum must be (B, T, H) = {(B, T, H)}, got {tuple(c.shape)}")
+    if segment_ids is not None and segment_ids.shape != (B, T):
+        raise ValueError(f"fox_flex_attention: segment_ids must be (B, T) = {(B, T)}, got {tuple(segment_ids.shape)}")
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    cq = c.float().transpose(1, 2).contiguous()  # (B, H, T), query side
+    pad = padded_length(T) - T
+    heads_first = [F.pad(t, (0, 0, 0, 0, 0, pad)).transpose(1, 2) for t in (q, k, v)]  # (B, H, Tp, D)
+    cq = F.pad(c.float(), (0, 0, 0, pad)).transpose(1, 2).contiguous()  # (B, H, Tp), query side
     ck = cq.clone()  # key side: a second tensor (the trap)
-    bm = _causal_block_mask(T, str(q.device))
-    out = _compiled()(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), cq, ck, bm, scale)
-    return out.transpose(1, 2)
+    if segment_ids is None:
+        block_mask = _causal_block_mask(T + pad, str(q.device))
+    else:  # padded positions form a document of their own (id −1): a padded row still sees its own key
+        block_mask = _document_block_mask(F.pad(segment_ids, (0, pad), value=-1))
+    out = _compiled()(*heads_first, cq, ck, block_mask, scale)
+    return out.transpose(1, 2)[:, :T]

@@ -154,3 +154,19 @@ def test_missing_inputs_raise_a_clear_error(tmp_path, callback, message):
     with pytest.raises(RuntimeError, match=message):
         fit(tmp_path, [callback], train_dataloaders=DataLoader(batches(4, 0), batch_size=None),
             val_dataloaders=DataLoader(batches(1, 1), batch_size=None))
+
+
+def test_long_context_documents_from_a_data_module_of_its_own(tmp_path):
+    """E.g. PG-19 books from a local folder instead of the training run's validation split."""
+    import json
+
+    from datamodules import TextDataModule
+
+    books = tmp_path / "books"
+    books.mkdir()
+    text = " ".join(f"word{i % 50}" for i in range(400))
+    (books / "test.jsonl").write_text("\n".join(json.dumps({"text": text}) for _ in range(3)))
+    callback = LongContextLossCallback(context_multiple=2, n_documents=2, split="test",
+                                       data=TextDataModule(source=str(books), num_workers=0))
+    documents = callback._load_documents(trainer=None, context=16, window=32)
+    assert len(documents) == 2 and all(len(d) == 33 for d in documents)

@@ -88,7 +88,7 @@ def test_resume_exact(small_files, num_workers):
     head = take(first.train_dataloader(), n // 2 + 1)
     state = json.loads(json.dumps(first.state_dict()))  # must survive serialisation
     # batches actually consumed: n//2 (+1 taken above: without a trainer the module counts yielded)
-    assert state["consumed"] == n // 2 + 1
+    assert state["ranks"][0]["consumed"] == n // 2 + 1
     second = dm_for(small_files, num_workers=num_workers)
     second.load_state_dict(state)
     tail = take(second.train_dataloader(), n - n // 2 - 1)
@@ -99,6 +99,25 @@ def test_resume_rejects_changed_config(small_files):
     state = dm_for(small_files).state_dict()
     with pytest.raises(ValueError, match="config changed"):
         dm_for(small_files, seq_len=64).load_state_dict(state)
+
+
+def test_each_rank_resumes_its_own_cursors_and_the_world_size_is_checked(small_files, monkeypatch):
+    """A state holds one entry per rank; rank 1 resumes from its own entry, and another world size is refused."""
+    straight = take(dm_for(small_files).train_dataloader(rank=1, world_size=2), 6)
+    first = dm_for(small_files)
+    head = take(first.train_dataloader(rank=1, world_size=2), 3)
+    state = json.loads(json.dumps(first.state_dict()))
+    assert state["world_size"] == 2 and [entry["rank"] for entry in state["ranks"]] == [1]
+    second = dm_for(small_files)
+    monkeypatch.setattr(second, "_dist", lambda: (1, 2))  # as rank 1 of a 2-rank run
+    second.load_state_dict(state)
+    assert_same(straight, head + take(second.train_dataloader(), 3))
+    with pytest.raises(ValueError, match="no entry for rank 0"):
+        dm_for(small_files).load_state_dict(state)
+    single = dm_for(small_files)
+    monkeypatch.setattr(single, "_dist", lambda: (1, 3))
+    with pytest.raises(ValueError, match=r"saved by 2 rank\(s\), this run has 3"):
+        single.load_state_dict(state)
 
 
 def test_lightning_fit_resume_mid_epoch(small_files, tmp_path):
@@ -180,8 +199,15 @@ def test_two_rank_packed_streams_partition_the_tokens(tmp_path):
 
 
 def test_hub_id_offline_fails_fast_with_hint(monkeypatch):
+    """No network (the reachability check mocked, so the test does not depend on this machine's network): a hub id
+    fails within a second, naming the local options; with the hub reachable the same check lets it through."""
+    from datamodules import sources
+
     for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
         monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(sources, "_hub_reachable", lambda *args, **kwargs: True)
+    sources.require_hub("cerebras/SlimPajama-627B", what="data set", local_hint="-")  # reachable: no error
+    monkeypatch.setattr(sources, "_hub_reachable", lambda *args, **kwargs: False)
     for cls in (SlimPajamaDataModule, PG19DataModule):
         t = time.perf_counter()
         with pytest.raises(HubUnavailableError, match="train_files"):

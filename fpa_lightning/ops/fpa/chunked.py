@@ -84,6 +84,7 @@ def chunked_fpa_attention(
     block_size: int = 64,
     reduction: str = "min",
     level: str = "key",
+    segment_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """FPA attention in query blocks (O(T·block) memory); same signature and values as naive_fpa_attention."""
     check_variant(reduction, level)
@@ -92,4 +93,4 @@ def chunked_fpa_attention(
     def bias_block(lo: int, hi: int, carry):
         return fpa_bias_block(phi_h, psi_h, beta, lo, hi, carry, reduction=reduction, level=level)
 
-    return blockwise_attention(q, k, v, bias_block, scale=scale, block_size=block_size)
+    return blockwise_attention(q, k, v, bias_block, scale=scale, block_size=block_size, segment_ids=segment_ids)

@@ -1,0 +1,35 @@
+"""Run ``python train.py fit`` in a fresh process (Lightning launches the other ranks from it) and read weights."""
+import os
+import pathlib
+import subprocess
+import sys
+
+import torch
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+def train_py(runs: pathlib.Path, *args: str, timeout: int = 300) -> None:
+    """The quickstart config with ``args`` on top; logs and checkpoints under ``runs``. A hang fails after timeout."""
+    command = [sys.executable, str(REPO / "train.py"), "fit", "--config", str(REPO / "configs" / "quickstart.yaml"),
+               f"--trainer.logger.init_args.save_dir={runs}", "--trainer.enable_progress_bar=false", *args]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    runs.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(command, cwd=runs.parent, env=env, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-4000:]
+
+
+def weights(checkpoint: pathlib.Path) -> dict[str, torch.Tensor]:
+    """The model weights of a checkpoint file, or of a sharded (FSDP distributed-checkpoint) folder."""
+    if checkpoint.is_dir():
+        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+        single = checkpoint.with_suffix(".consolidated")
+        dcp_to_torch_save(checkpoint, single)
+        return torch.load(single, weights_only=True)["model"]
+    return torch.load(checkpoint, weights_only=True)["state_dict"]
+
+
+def differing(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> list[str]:
+    assert a.keys() == b.keys()
+    return [name for name in a if not torch.equal(a[name].cpu(), b[name].cpu())]

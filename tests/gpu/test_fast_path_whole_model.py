@@ -1,0 +1,101 @@
+"""The fast path as a whole (GPU): a small Decoder per backend with impl=fused and impl=chunked on the same weights.
+
+The fused model's bf16 loss and every parameter gradient are compared with the chunked model's fp32 ones; the
+tolerance is the chunked path's own bf16 error (fused error ≤ 2× that, plus an fp32 rounding floor), never a magic
+atol. Every FPA variant that has a fused path is covered, and every backend also with document masking (packed rows
+of several documents: the FlexAttention mask_mod, the SDPA masks and the FPA kernel's segment_ids).
+"""
+import dataclasses
+
+import pytest
+import torch
+
+from fpa_lightning import AttentionConfig, Decoder, ModelConfig
+
+pytestmark = pytest.mark.gpu
+
+VOCAB, B, T = 512, 2, 300  # T: not a multiple of the 64-row tiles
+VARIANTS = {
+    "fpa": {}, "fpa-stack": {"fpa_form": "stack"}, "fpa-level-none": {"fpa_level": "none"},
+    "fpa-no-layer0-bias": {"bias_layers": [1]}, "fox": {}, "sdpa": {}, "selective": {}, "dcp": {},
+}
+DOCUMENT_MASKED = ["fpa", "fox", "sdpa", "selective", "dcp"]
+
+
+def build(variant: str, impl: str, document_mask: bool) -> Decoder:
+    attention = AttentionConfig(backend=variant.split("-")[0], impl=impl, document_mask=document_mask,
+                                **VARIANTS[variant])
+    torch.manual_seed(0)
+    model = Decoder(ModelConfig(vocab_size=VOCAB, n_layer=2, d_model=128, n_head=2, d_mlp=256, max_seq_len=T,
+                                attention=attention))
+    with torch.no_grad():  # a mix of alive and dead keys, as in a trained model (the init has every FPA key dead)
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return model.cuda()
+
+
+def loss_and_grads(model: Decoder, ids, segment_ids, bf16: bool):
+    model.zero_grad()
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+        loss = model.token_losses(ids[:, :-1], ids[:, 1:], segment_ids=segment_ids).mean()
+    loss.backward()
+    return loss.detach().double(), {n: p.grad.double() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def batch(document_mask: bool):
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, VOCAB, (B, T + 1), generator=g).cuda()
+    if not document_mask:
+        return ids, None
+    starts = torch.zeros(B, T, dtype=torch.long)
+    starts[0, [37, 100, 101, 230]] = 1  # a one-token document, boundaries inside and across tiles
+    starts[1, [64, 200]] = 1  # a boundary on a tile edge
+    return ids, starts.cumsum(dim=1).cuda()
+
+
+@pytest.mark.parametrize("variant, document_mask",
+                         [(v, False) for v in VARIANTS] + [(v, True) for v in DOCUMENT_MASKED])
+def test_fused_model_error_within_twice_the_chunked_bf16_error(variant, document_mask):
+    ids, segment_ids = batch(document_mask)
+    chunked, fused = build(variant, "chunked", document_mask), build(variant, "fused", document_mask)
+    fused.load_state_dict(chunked.state_dict())
+    assert {impl.split(":")[1] for impl in fused.attention_impls("cuda")} <= {"fused"}
+    ref_loss, ref = loss_and_grads(chunked, ids, segment_ids, bf16=False)
+    same_loss, same = loss_and_grads(chunked, ids, segment_ids, bf16=True)
+    fast_loss, fast = loss_and_grads(fused, ids, segment_ids, bf16=True)
+    floor = 8 * torch.finfo(torch.float32).eps
+    assert abs(fast_loss - ref_loss) <= 2 * abs(same_loss - ref_loss) + floor * (1 + abs(ref_loss))
+    assert fast.keys() == ref.keys()
+    for name, r in ref.items():
+        e_fast, e_same = (fast[name] - r).abs().max().item(), (same[name] - r).abs().max().item()
+        assert torch.isfinite(fast[name]).all(), name
+        assert e_fast <= 2 * e_same + floor * (1 + r.abs().max().item()), (
+            f"{variant}: {name}: fused bf16 error {e_fast:.3e} > 2x chunked bf16 error {e_same:.3e}")
+
+
+@pytest.mark.parametrize("impl", ["chunked", "fused"])
+def test_fpa_gate_gradients_under_bf16_at_init(impl):
+    """The bf16 investigation (tests/attention/test_gate_precision.py) at 110M width on the GPU, chunked and fused:
+    a 3-layer model at init on random tokens. Norm-wise, every gate gradient (δ, g, h biases one by one, the gate
+    matrix, β) is within 5% of float32 and within 10% of the difference between two batches' float32 gradients.
+    (Per element, tiny entries of the slowest heads can differ by ~100%: cancellation, not a precision loss.)"""
+    H = 12
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=32000, n_layer=3, d_model=768, n_head=H, d_mlp=2048, max_seq_len=2048,
+                      attention=AttentionConfig(backend="fpa", impl=impl))
+    model = Decoder(cfg).cuda()
+    reference = Decoder(dataclasses.replace(cfg, attention=AttentionConfig(backend="fpa", impl="chunked"))).cuda()
+    reference.load_state_dict(model.state_dict())
+    batches = torch.randint(0, 32000, (2, 4, 2049), generator=torch.Generator().manual_seed(1)).cuda()
+    _, fp32 = loss_and_grads(reference, batches[0], None, bf16=False)
+    _, other_batch = loss_and_grads(reference, batches[1], None, bf16=False)
+    _, bf16 = loss_and_grads(model, batches[0], None, bf16=True)
+    for layer in range(3):
+        prefix = f"blocks.{layer}.attn.backend."
+        parts = {"beta": (prefix + "beta_raw", slice(None)), "gate matrix": (prefix + "gate.weight", slice(None)),
+                 **{f"{p} bias": (prefix + "gate.bias", slice(i * H, (i + 1) * H)) for i, p in enumerate("δgh")}}
+        for part, (name, rows) in parts.items():
+            error = (bf16[name][rows] - fp32[name][rows]).norm().item()
+            size, noise = fp32[name][rows].norm().item(), (other_batch[name][rows] - fp32[name][rows]).norm().item()
+            assert error <= 0.05 * size and error <= 0.1 * noise, (
+                f"layer {layer} {part}: bf16 error {error:.3e}, |grad| {size:.3e}, batch-to-batch {noise:.3e}")

@@ -9,6 +9,7 @@ import numpy as np
 from fpa_lightning.evaluation.checkpoint import LoadedModel
 from fpa_lightning.evaluation.data import EvalData
 from fpa_lightning.evaluation.passkey import PasskeyBuilder, PasskeyTrial, score_trial
+from fpa_lightning.evaluation.progress import Progress, Work, start
 from fpa_lightning.evaluation.scoring import Runtime, check_vocab
 from fpa_lightning.evaluation.stats import clopper_pearson, mcnemar_exact
 from fpa_lightning.evaluation.tasks.common import Task, TaskOutput, errorbar, label
@@ -20,9 +21,15 @@ def run(args: argparse.Namespace, models: list[LoadedModel], runtime: Runtime, d
     return passkey(models, runtime, data, args.lengths or DEFAULT_LENGTHS, args.trials or 100)
 
 
-def score_all(model: LoadedModel, trials: list[PasskeyTrial], runtime: Runtime) -> list:
+def score_all(model: LoadedModel, trials: list[PasskeyTrial], runtime: Runtime, bar: Progress | None = None,
+              index: int = 0) -> list:
+    scores = []
     with runtime.autocast():
-        return [score_trial(model.decoder, t, runtime.device) for t in trials]
+        for t in trials:
+            scores.append(score_trial(model.decoder, t, runtime.device))
+            if bar is not None:
+                bar.advance(t.length, index)
+    return scores
 
 
 def passkey(models: list[LoadedModel], runtime: Runtime, data: EvalData, lengths: list[int],
@@ -31,11 +38,17 @@ def passkey(models: list[LoadedModel], runtime: Runtime, data: EvalData, lengths
     McNemar test per length and over all lengths pooled."""
     builder = PasskeyBuilder(data.tokenizer, data.bos_id)
     per_length, scalars, pooled = [], {}, [[] for _ in models]
-    for length in lengths:
-        trials = builder.trials(length, n_trials, runtime.seed)
+    trials_at = {length: builder.trials(length, n_trials, runtime.seed) for length in lengths}
+    sizes = [t.length for trials in trials_at.values() for t in trials]  # every model scores every trial
+    bar = start("passkey", [m.decoder for m in models], [Work(i, sizes) for i in range(len(models))],
+                runtime.features, shorten="--trials 10 --lengths 3072 4096", unit="prompts")
+    for length, trials in trials_at.items():
         for m in models:
             check_vocab(m.decoder, max(int(t.input_ids.max()) for t in trials))
-        scores = [score_all(m, trials, runtime) for m in models]
+        scores = []
+        for i, m in enumerate(models):
+            bar.set_stage(f"{length} {'AB'[i]}")
+            scores.append(score_all(m, trials, runtime, bar, i))
         entry = {
             "length": length,
             "trials": [{"key": t.key, "depth": t.depth, "tokens": t.length} for t in trials],
@@ -52,6 +65,7 @@ def passkey(models: list[LoadedModel], runtime: Runtime, data: EvalData, lengths
         if len(models) == 2:
             entry["mcnemar"] = mcnemar_exact(*[[s.success for s in sc] for sc in scores]).as_dict()
         per_length.append(entry)
+    bar.close()
     results = {"lengths": per_length, "trials_per_length": n_trials}
     if len(models) == 2:
         results["mcnemar_pooled"] = mcnemar_exact(*pooled).as_dict()

@@ -51,10 +51,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of pass-key prompts and bootstrap resampling")
     p.add_argument("--n-boot", type=int, default=10_000, help="bootstrap resamples")
     p.add_argument("--confidence", type=float, default=0.95, help="interval confidence level")
-    p.add_argument("--max-docs", type=int, help="at most this many documents / sequences")
-    p.add_argument("--trials", type=int, help="pass-key trials per length (default 100)")
+    p.add_argument("--max-docs", type=int, help="at most this many documents / sequences (ruler, babilong: "
+                   "documents read for the book haystack, default 16)")
+    p.add_argument("--trials", type=int, help="passkey: trials per length; ruler, babilong: items per task and "
+                   "length (default 100)")
     p.add_argument("--lengths", type=int, nargs="+", help="passkey: prompt lengths (default 3072 4096 8192 16384); "
-                   "cache_prune: evaluation lengths (default 2048 8192)")
+                   "cache_prune: evaluation lengths (default 2048 8192); ruler, babilong: default 4096 8192 16384")
     p.add_argument("--max-len", type=int, help="pg19_long: tokens scored per book (default 16384)")
     p.add_argument("--buckets", type=int, nargs="+", help="pg19_long: position bucket edges (default: 0 and "
                    "powers of two from ~max_len/64 up to max_len)")
@@ -224,7 +226,7 @@ def main(argv: list[str] | None, data_factory: Callable[[str | None, str | None]
     stem = os.path.splitext(os.path.basename(args.ckpt))[0]
     out_dir = args.out or os.path.join("eval_results", f"{args.task}-{stem}")
     path = write_outputs(out_dir, args.task, header, output, args.tensorboard, models[0].global_step or 0)
-    print_summary(output.scalars)
+    print(output.table) if output.table is not None else print_summary(output.scalars)
     print(f"{args.task}: wrote {path}")
     return path
 

@@ -92,13 +92,13 @@ class Work:
 class Progress:
     """A progress bar over a task's items (see the module doc). ``advance`` after each item."""
 
-    def __init__(self, label: str, work: list[Work] | None, costs: list[CostModel] | None, unit: str = "items",
+    def __init__(self, label: str, work: list[Work] | None, costs: list[CostModel] | None = None, unit: str = "items",
                  log_every: float = 30.0, redraw_every: float = 0.2):
         self.label, self.unit = label, unit
-        self.costs = costs
+        # without a cost model the remaining time is proportional to the remaining tokens
+        self.costs = costs or [CostModel(1.0, 0.0)] * (1 + max((w.model for w in work or []), default=0))
         self.total_items = None if work is None else sum(len(w.lengths) for w in work)
-        self.total_cost = None if work is None or costs is None else sum(
-            costs[w.model].seconds(n) for w in work for n in w.lengths)
+        self.total_cost = None if work is None else sum(self.costs[w.model].seconds(n) for w in work for n in w.lengths)
         self.items = self.tokens = 0
         self.cost_done = 0.0
         self.stage = ""
@@ -113,7 +113,7 @@ class Progress:
         """``items`` items of ``tokens`` tokens in all were scored by model ``model``."""
         self.items += items
         self.tokens += tokens
-        if self.costs is not None:
+        if self.total_cost is not None:
             self.cost_done += self.costs[model].seconds(tokens // items) * items
         now = time.perf_counter()
         interactive = sys.stderr.isatty()

@@ -86,7 +86,7 @@ def cache_prune(models: list[LoadedModel], runtime: Runtime, data: EvalData, len
     passkey_sizes = [t.length for n in passkey_lengths for t in builder.trials(n, n_trials, runtime.seed)]
     bar = start("cache_prune", [m.decoder for m in models],
                 _work(models, docs_at, len(thresholds), window, passkey_sizes), runtime.losses,
-                shorten="--max-docs 2 --lengths 2048 --thresholds -10 --passkey-lengths 8192 --trials 10",
+                shorten="fewer --max-docs, --lengths, --thresholds, --passkey-lengths or --trials",
                 unit="passes")
     for length, docs in docs_at.items():
         entry = {"length": length, "documents": len(docs), "models": [None] * len(models)}

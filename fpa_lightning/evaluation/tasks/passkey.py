@@ -41,7 +41,8 @@ def passkey(models: list[LoadedModel], runtime: Runtime, data: EvalData, lengths
     trials_at = {length: builder.trials(length, n_trials, runtime.seed) for length in lengths}
     sizes = [t.length for trials in trials_at.values() for t in trials]  # every model scores every trial
     bar = start("passkey", [m.decoder for m in models], [Work(i, sizes) for i in range(len(models))],
-                runtime.features, shorten="--trials 10 --lengths 3072 4096", unit="prompts")
+                runtime.features, unit="prompts",
+                shorten=f"fewer --trials (now {n_trials}) or shorter --lengths (now {' '.join(map(str, lengths))})")
     for length, trials in trials_at.items():
         for m in models:
             check_vocab(m.decoder, max(int(t.input_ids.max()) for t in trials))

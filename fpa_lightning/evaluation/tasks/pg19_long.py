@@ -30,7 +30,8 @@ def pg19_long(models: list[LoadedModel], runtime: Runtime, data: EvalData, max_l
         check_vocab(m.decoder, max(int(d.max()) for d in docs))
     sizes = [int(d.numel()) for d in docs]
     bar = start("pg19_long", [m.decoder for m in models], [Work(i, sizes) for i in range(len(models))],
-                runtime.losses, shorten="--max-docs 4 --max-len 4096", unit="documents")
+                runtime.losses, unit="documents",
+                shorten=f"fewer --max-docs (now {len(docs)}) or a shorter --max-len (now {max_len})")
     per_book = []  # per model (N books, K buckets)
     for i, m in enumerate(models):
         bar.set_stage("AB"[i])

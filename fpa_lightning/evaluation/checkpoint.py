@@ -46,6 +46,7 @@ class LoadedModel:
             "path": os.path.abspath(self.path),
             "backend": attention.backend,
             "positional": attention.positional,
+            "impl_at_training": self.training.get("hyper_parameters", {}).get("model", {}).get("attention", {}).get("impl"),
             "impl_requested": attention.impl,
             "impl_per_layer": self.decoder.attention_impls(device),
             "impl_note": self.impl_note,

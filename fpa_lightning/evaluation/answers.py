@@ -73,7 +73,8 @@ def take_units(units: Iterable[list[int]], budget: int) -> list[list[int]]:
     return out
 
 
-def insert_at_depths(units: list[list[int]], inserts: list[list[int]], depths: list[float]) -> tuple[list[int], list[int]]:
+def insert_at_depths(units: list[list[int]], inserts: list[list[int]],
+                     depths: list[float]) -> tuple[list[int], list[int]]:
     """The units with each insert placed before unit ``round(depth · len(units))``; inserts keep their order
     (depths are sorted). Returns (tokens, the offset of each insert in them)."""
     if len(inserts) != len(depths) or any(not 0.0 <= d <= 1.0 for d in depths):

@@ -39,6 +39,11 @@ class LoadedModel:
     def backend(self) -> str:
         return self.decoder.cfg.attention.backend
 
+    @property
+    def impl_at_training(self) -> str | None:
+        """The attention implementation the checkpoint's config asked for."""
+        return ((self.training.get("hyper_parameters") or {}).get("model") or {}).get("attention", {}).get("impl")
+
     def describe(self, device: torch.device) -> dict:
         """What the JSON result records about this checkpoint."""
         attention = self.decoder.cfg.attention
@@ -46,7 +51,7 @@ class LoadedModel:
             "path": os.path.abspath(self.path),
             "backend": attention.backend,
             "positional": attention.positional,
-            "impl_at_training": self.training.get("hyper_parameters", {}).get("model", {}).get("attention", {}).get("impl"),
+            "impl_at_training": self.impl_at_training,
             "impl_requested": attention.impl,
             "impl_per_layer": self.decoder.attention_impls(device),
             "impl_note": self.impl_note,

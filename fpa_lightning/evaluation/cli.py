@@ -155,9 +155,9 @@ def announce_setup(args: argparse.Namespace, models: list[LoadedModel], data: Ev
     reads any, so that no default goes unnoticed."""
     for i, m in enumerate(models):
         impls = sorted(set(m.decoder.attention_impls(device)))
+        note = f"; {m.impl_note}" if m.impl_note else ""
         print(f"{'AB'[i]}: {m.path} ({m.backend}, {m.decoder.num_parameters() / 1e6:.1f}M parameters, step "
-              f"{m.global_step}): attention {', '.join(impls)} on {device}" + (f"; {m.impl_note}" if m.impl_note else ""),
-              file=sys.stderr)
+              f"{m.global_step}): attention {', '.join(impls)} on {device}{note}", file=sys.stderr)
     described = data.describe()
     print(f"tokenizer: {described['tokenizer']}", file=sys.stderr)
     if "data" in TASKS[args.task].options:

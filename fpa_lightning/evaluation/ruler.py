@@ -44,7 +44,8 @@ glacier hammer harbor helmet island jacket kettle ladder lantern meadow mirror n
 puzzle quarry ribbon saddle shovel spoon thimble tower tunnel valley wagon whistle
 """.split())
 
-NIAH_INTRO = "Special magic {kinds} are hidden in the text below. Memorize them: a question about them follows the text."
+NIAH_INTRO = ("Special magic {kinds} are hidden in the text below. Memorize them: a question about them follows "
+              "the text.")
 NEEDLE = "One of the special magic {kinds} for {key} is: {value}."
 NIAH_QUESTION = ("Question: what are all the special magic {kinds} for {keys} in the text above? "
                  "Answer: the special magic {kinds} for {keys} in the text above are")
@@ -130,6 +131,8 @@ class RulerBuilder:
         self.noise = self.encode.many(FILLER)
         self.book = BookHaystack(book_texts, self.encode) if book_texts else None
         self.words = book_words(book_texts) if book_texts else []
+        self.word_ids = dict(zip(self.words, self.encode.many(self.words)))  # cwe list entries: "<n>." then the word
+        self.number_ids: list[list[int]] = []  # number_ids[i] = tokens of f"{i + 1}."
 
     def items(self, task: str, length: int, n: int, seed: int) -> list[PromptItem]:
         """n items of ``task`` at ``length`` tokens, item i reproducible from (task, seed, length, i)."""
@@ -188,20 +191,26 @@ class RulerBuilder:
         return self._item(task, length, intro, context, question, ", ".join(values), values,
                           {"keys": queried, "depths": depths, "needles": len(needles)})
 
-    def _haystack(self, spec: NeedleSpec, budget: int, rng: random.Random, kinds: str, used: set[str]) -> list[list[int]]:
+    def _haystack(self, spec: NeedleSpec, budget: int, rng: random.Random, kinds: str,
+                  used: set[str]) -> list[list[int]]:
         if spec.haystack == "noise":
             return take_units(itertools.cycle(self.noise), budget)
         if spec.haystack == "book":
             return self.book.take(budget, rng)
 
-        def distractors():  # needles with keys not asked about, values of the same kind
-            while True:
-                key = _keys(spec.key_kind, 1, rng)[0]
-                if key not in used:
-                    used.add(key)
-                    yield self.encode(NEEDLE.format(kinds=kinds, key=key, value=_value(spec.value_kind, rng)))
+        def distractor() -> str:  # a needle with a key not asked about, a value of the same kind
+            while (key := _keys(spec.key_kind, 1, rng)[0]) in used:
+                pass
+            used.add(key)
+            return NEEDLE.format(kinds=kinds, key=key, value=_value(spec.value_kind, rng))
 
-        return take_units(distractors(), budget)
+        units = [self.encode(distractor())]
+        total = len(units[0])
+        while total <= budget:  # batches of about as many as still fit, tokenised together
+            more = self.encode.many([distractor() for _ in range(int((budget - total) * len(units) / total) + 8)])
+            units += more
+            total += sum(len(u) for u in more)
+        return take_units(units, budget)
 
     def variable_tracking(self, length: int, rng: random.Random) -> PromptItem:
         value = str(rng.randint(10_000, 99_999))
@@ -225,9 +234,10 @@ class RulerBuilder:
         CWE_RARE_REPEATS times; where the common words would take more than half the list (short lengths) both
         shrink, the common words always occurring more often."""
         question = CWE_QUESTION.format(n=CWE_COMMON)
-        pool = rng.sample(self.words, min(len(self.words), 4096))
+        pool = rng.sample(self.words, min(len(self.words), length // 8 + CWE_COMMON))  # more words than fit
         common, rare = pool[:CWE_COMMON], iter(pool[CWE_COMMON:])
-        entry = 2 + max(len(self.encode(f"{length}. {w}")) for w in common)  # tokens of one list entry, generously
+        numbers = self._numbers(length)
+        entry = len(numbers[-1]) + max(len(self.word_ids[w]) for w in common)  # tokens of a common entry, at most
         budget = self._budget(length, [CWE_INTRO, question, ", ".join(common)], [], "cwe")
         repeats = min(CWE_COMMON_REPEATS, budget // (2 * entry * CWE_COMMON))  # common words: at most half the list
         rare_repeats = min(CWE_RARE_REPEATS, repeats - 1)
@@ -235,21 +245,24 @@ class RulerBuilder:
             raise ValueError(f"ruler cwe: length {length} is too short for a list in which {CWE_COMMON} words "
                              "occur more often than others")
         words = common * repeats
-        used = sum(len(self.encode(f"{i + 1}. {w}")) for i, w in enumerate(words))
-        while True:  # add rare words while the numbered list still fits
-            word = next(rare, None)
-            if word is None:
-                break
-            cost = sum(len(self.encode(f"{len(words) + j + 1}. {word}")) for j in range(rare_repeats))
+        used = sum(len(numbers[i]) + len(self.word_ids[w]) for i, w in enumerate(words))
+        for word in rare:  # add rare words while the numbered list still fits
+            cost = sum(len(numbers[len(words) + j]) + len(self.word_ids[word]) for j in range(rare_repeats))
             if used + cost > budget:
                 break
             words += [word] * rare_repeats
             used += cost
         rng.shuffle(words)
-        context = [t for i, w in enumerate(words) for t in self.encode(f"{i + 1}. {w}")]
+        context = [t for i, w in enumerate(words) for t in numbers[i] + self.word_ids[w]]
         answer = sorted(common, key=words.index)  # in order of first appearance
         return self._item("cwe", length, CWE_INTRO, context, question, ", ".join(answer), answer,
                           {"repeats": repeats, "rare_repeats": rare_repeats, "list_size": len(words)})
+
+    def _numbers(self, n: int) -> list[list[int]]:
+        """Tokens of "1.", "2.", ..., f"{n}." (cached; a list entry "<i>. <word>" is these followed by the word's)."""
+        if len(self.number_ids) < n:
+            self.number_ids += self.encode.many([f"{i}." for i in range(len(self.number_ids) + 1, n + 1)])
+        return self.number_ids[:n]
 
     def frequent_words(self, length: int, rng: random.Random) -> PromptItem:
         """Coded words drawn from Zipf(FWE_ALPHA) over a coded vocabulary until the budget is full; redrawn until
@@ -262,8 +275,7 @@ class RulerBuilder:
             longest = sorted(vocab, key=lambda w: len(encoded[w]))[-FWE_TOP:]  # the longest possible answer
             budget = self._budget(length, [FWE_INTRO, question, ", ".join(longest)], [], "fwe") - 2
             words, used = [], 0
-            while True:
-                word = rng.choices(vocab, weights)[0]
+            for word in rng.choices(vocab, weights, k=budget):  # more than fit: every word has a token at least
                 if used + len(encoded[word]) > budget:
                     break
                 words.append(word)

@@ -5,9 +5,10 @@ import os
 import pytest
 import torch
 
-from eval import main
-from fpa_lightning.evaluation.checkpoint import load_decoder
-from fpa_lightning.export import load_hf
+pytest.importorskip("safetensors", reason="a project dependency; absent on a bare GPU machine")
+from eval import main  # noqa: E402
+from fpa_lightning.evaluation.checkpoint import load_decoder  # noqa: E402
+from fpa_lightning.export import load_hf  # noqa: E402
 
 
 @pytest.mark.parametrize("backend", ["fpa", "sdpa"])

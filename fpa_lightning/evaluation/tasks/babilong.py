@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import argparse
 
-from fpa_lightning.evaluation.answers import PieceEncoder
 from fpa_lightning.evaluation.babilong import QA, BabilongBuilder
 from fpa_lightning.evaluation.checkpoint import LoadedModel
 from fpa_lightning.evaluation.data import EvalData
 from fpa_lightning.evaluation.scoring import Runtime
 from fpa_lightning.evaluation.tasks.common import Task, TaskOutput
 from fpa_lightning.evaluation.tasks.ruler import BOOK_DOCUMENTS, DEFAULT_ITEMS, DEFAULT_LENGTHS
-from fpa_lightning.evaluation.tasks.synthetic import score_groups, summarize
+from fpa_lightning.evaluation.tasks.synthetic import run_generated
 
 
 def add_arguments(group: argparse._ArgumentGroup) -> None:
@@ -28,13 +27,9 @@ def babilong(models: list[LoadedModel], runtime: Runtime, data: EvalData, patter
     """Every pattern at every length, n_items each, in the data's test documents."""
     texts = data.texts(max_docs)
     builder = BabilongBuilder(data.tokenizer, data.bos_id, texts)
-    groups = [(qa, length, builder.items(qa, length, n_items, runtime.seed)) for length in lengths for qa in patterns]
-    predictions = score_groups("babilong", models, runtime, PieceEncoder(data.tokenizer), groups,
-                               shorten=f"fewer --trials (now {n_items}), --lengths (now {' '.join(map(str, lengths))}) "
-                               f"or --qa (now {len(patterns)})")
-    output = summarize("babilong", models, runtime, groups, predictions)
-    output.results.update({"patterns": patterns, "lengths": lengths, "items_per_task": n_items,
-                           "book_documents": len(texts)})
+    output = run_generated("babilong", models, runtime, builder.encode, builder.items, patterns, lengths, n_items,
+                           "--qa")
+    output.results["book_documents"] = len(texts)
     return output
 
 

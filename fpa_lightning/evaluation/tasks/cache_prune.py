@@ -44,7 +44,8 @@ def _doc_losses(model: LoadedModel, docs: list, runtime: Runtime, bar: Progress,
     return np.array(losses)
 
 
-def _work(models: list[LoadedModel], docs_at: dict, n_rules: int, window: int | None, passkey_sizes: list[int]) -> list[Work]:
+def _work(models: list[LoadedModel], docs_at: dict, n_rules: int, window: int | None,
+          passkey_sizes: list[int]) -> list[Work]:
     """Per model: each document once unpruned and once per rule, then every pass-key trial once."""
     work = []
     for i, m in enumerate(models):
@@ -95,7 +96,8 @@ def cache_prune(models: list[LoadedModel], runtime: Runtime, data: EvalData, len
             m = models[i]
             check_vocab(m.decoder, max(int(d.max()) for d in docs))
             bar.set_stage(f"{length} {'AB'[i]}")
-            base = _doc_losses(m, docs, runtime, bar, i)  # the same chunked path, unpatched: pairs with each pruned pass
+            # the same chunked path, unpatched: pairs with each pruned pass
+            base = _doc_losses(m, docs, runtime, bar, i)
             rows = []
             for rule in _rules(m, thresholds, fractions, window, length):
                 with pruned_cache(m.decoder, rule) as stats:
@@ -125,7 +127,8 @@ def _rule_tag(rule: PruneRule) -> str:
 
 
 def _pruned_passkey(models: list[LoadedModel], order: list[int], runtime: Runtime, builder: PasskeyBuilder,
-                    threshold: float, window: int | None, lengths: list[int], n_trials: int, bar: Progress) -> list[dict]:
+                    threshold: float, window: int | None, lengths: list[int], n_trials: int,
+                    bar: Progress) -> list[dict]:
     """Pass-key success with the primary threshold (softmax: the window of the partner's kept fraction)."""
     out = []
     for length in lengths:

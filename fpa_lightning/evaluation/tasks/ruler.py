@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import argparse
 
-from fpa_lightning.evaluation.answers import PieceEncoder
 from fpa_lightning.evaluation.checkpoint import LoadedModel
 from fpa_lightning.evaluation.data import EvalData
 from fpa_lightning.evaluation.ruler import BOOK_TASKS, RULER_TASKS, RulerBuilder
 from fpa_lightning.evaluation.scoring import Runtime
 from fpa_lightning.evaluation.tasks.common import Task, TaskOutput
-from fpa_lightning.evaluation.tasks.synthetic import score_groups, summarize
+from fpa_lightning.evaluation.tasks.synthetic import run_generated
 
 DEFAULT_LENGTHS = [4096, 8192, 16384]
 DEFAULT_ITEMS = 100
@@ -33,13 +32,9 @@ def ruler(models: list[LoadedModel], runtime: Runtime, data: EvalData, tasks: li
     documents."""
     texts = data.texts(max_docs) if BOOK_TASKS.intersection(tasks) else None
     builder = RulerBuilder(data.tokenizer, data.bos_id, texts)
-    groups = [(task, length, builder.items(task, length, n_items, runtime.seed)) for length in lengths for task in tasks]
-    predictions = score_groups("ruler", models, runtime, PieceEncoder(data.tokenizer), groups,
-                               shorten=f"fewer --trials (now {n_items}), --lengths (now {' '.join(map(str, lengths))}) "
-                               f"or --ruler-tasks (now {len(tasks)})")
-    output = summarize("ruler", models, runtime, groups, predictions)
-    output.results.update({"tasks_run": tasks, "lengths": lengths, "items_per_task": n_items,
-                           "book_documents": len(texts) if texts else 0})
+    output = run_generated("ruler", models, runtime, builder.encode, builder.items, tasks, lengths, n_items,
+                           "--ruler-tasks")
+    output.results["book_documents"] = len(texts) if texts else 0
     return output
 
 

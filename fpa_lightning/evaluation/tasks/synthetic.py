@@ -8,6 +8,9 @@ pooled McNemar test.
 """
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
+
 import matplotlib.pyplot as plt
 import numpy as np
 
@@ -24,6 +27,20 @@ SCORING = ("teacher-forced greedy: the model's greedy continuation is known up t
            "the canonical answer is reproduced.")
 
 Group = tuple[str, int, list[PromptItem]]  # (task, length, items)
+
+
+def run_generated(name: str, models: list[LoadedModel], runtime: Runtime, encoder: PieceEncoder,
+                  make_items: Callable[[str, int, int, int], list[PromptItem]], tasks: list[str], lengths: list[int],
+                  n_items: int, tasks_option: str) -> TaskOutput:
+    """Build ``make_items(task, length, n, seed)`` for every task and length, score them and summarise."""
+    print(f"{name}: building {len(tasks) * len(lengths) * n_items} prompts ({len(tasks)} tasks, {len(lengths)} "
+          f"lengths, {n_items} each)", file=sys.stderr, flush=True)
+    groups = [(task, length, make_items(task, length, n_items, runtime.seed)) for length in lengths for task in tasks]
+    shorten = (f"fewer --trials (now {n_items}), --lengths (now {' '.join(map(str, lengths))}) or {tasks_option} "
+               f"(now {len(tasks)})")
+    output = summarize(name, models, runtime, groups, score_groups(name, models, runtime, encoder, groups, shorten))
+    output.results.update({"tasks_run": tasks, "lengths": lengths, "items_per_task": n_items})
+    return output
 
 
 def score_groups(name: str, models: list[LoadedModel], runtime: Runtime, encoder: PieceEncoder, groups: list[Group],

@@ -1,4 +1,4 @@
-"""Command line: ``python train.py {fit,validate,test} --config <name>.yaml [--key value ...]``.
+"""Command line: ``python train.py {fit,validate,test,predict} --config <name>.yaml [--key value ...]``.
 
 A config name that is not a file in the working directory is looked up in this repository's ``configs/`` (the run
 says which file it used); ``--config configs/<name>.yaml`` works as well.
@@ -7,10 +7,11 @@ The model is ``modules.LanguageModel``; ``data`` takes any ``datamodules.TextDat
 (``data.class_path``). Every run gets a TensorBoard logger under ``runs/<name>/version_<n>`` (the YAML
 names it), a ModelCheckpoint (``checkpoint.*``: the best by ``val/loss`` plus ``last.ckpt``, in the
 logger's ``checkpoints/`` folder) and its resolved ``config.yaml``. Resume with ``--ckpt_path <file>``.
-``model.model.max_seq_len`` is not set by hand: it is linked to ``data.init_args.seq_len``. Precision is
-``trainer.precision``, set explicitly in each YAML (bf16-mixed for the GPU configs, 32-true for the CPU
-quickstart). YAML values may use ``${...}`` interpolation (omegaconf) to keys of the same file,
-resolved at parse time.
+``predict`` continues the prompts of a ``datamodules.PromptDataModule`` (``--data.class_path``) and writes JSONL
+(``--predictions.path``, README "Generation"). ``model.model.max_seq_len`` is not set by hand: it is linked to
+``data.init_args.seq_len``. Precision is ``trainer.precision``, set explicitly in each YAML (bf16-mixed for the GPU
+configs, 32-true for the CPU quickstart). YAML values may use ``${...}`` interpolation (omegaconf) to keys of the
+same file, resolved at parse time.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import sys
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
+from callbacks import GenerationWriter
 from datamodules import TextDataModule
 from modules import LanguageModel
 
@@ -38,6 +40,8 @@ class TrainCLI(LightningCLI):
         # A parser-level callback (not a trainer.callbacks entry), so a YAML that lists its own
         # callbacks adds to it instead of replacing it.
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        # the JSONL writer of ``predict`` (a PromptDataModule): --predictions.path; idle in fit/validate/test
+        parser.add_lightning_class_args(GenerationWriter, "predictions")
         # The model's training context length is the data's row length, whatever the command line overrides.
         parser.link_arguments("data.init_args.seq_len", "model.model.max_seq_len")
         parser.set_defaults({

@@ -1,5 +1,7 @@
-"""Lightning callbacks: head survival statistics and long-context loss, logged to TensorBoard (README, "Head statistics")."""
+"""Lightning callbacks: head survival statistics and long-context loss, logged to TensorBoard (README, "Head
+statistics"), and the JSONL writer of ``train.py predict`` (README, "Generation")."""
+from callbacks.generation_writer import GenerationWriter
 from callbacks.head_survival import HeadSurvivalCallback
 from callbacks.long_context import LongContextLossCallback
 
-__all__ = ["HeadSurvivalCallback", "LongContextLossCallback"]
+__all__ = ["GenerationWriter", "HeadSurvivalCallback", "LongContextLossCallback"]

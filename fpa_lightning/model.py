@@ -81,6 +81,17 @@ class Decoder(nn.Module):
             x = block(x)
         return self.norm(x)
 
+    def features_with(self, input_ids: torch.Tensor,
+                      attention: Callable[[int, CausalSelfAttention, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """``features`` with layer i's attention output computed by ``attention(i, block.attn, x)`` (x: the layer's
+        normed input (B, n, C) -> (B, n, C)): the entry of cached decoding (``fpa_lightning.generation``), whose
+        attention reads and writes a KV cache. Same embedding, blocks, residuals and norms as ``features``."""
+        x = self.embed(input_ids)
+        for layer, block in enumerate(self.blocks):
+            x = x + attention(layer, block.attn, block.attn_norm(x))
+            x = x + block.mlp(block.mlp_norm(x))
+        return self.norm(x)
+
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """input_ids (B, T) -> logits (B, T, V)."""
         return self.lm_head(self.features(input_ids))

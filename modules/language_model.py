@@ -12,6 +12,7 @@ from torchmetrics import MeanMetric
 
 from fpa_lightning import Decoder, ModelConfig
 from fpa_lightning.attention import AttentionBackend
+from fpa_lightning.generation import GenerationConfig
 
 
 @dataclass
@@ -125,6 +126,12 @@ class LanguageModel(L.LightningModule):
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         self.val_loss.update(self.model.token_losses(batch["input_ids"], batch["labels"]))
+
+    def predict_step(self, batch: dict, batch_idx: int) -> dict:
+        """Continues a ``datamodules.PromptDataModule`` batch (``fpa_lightning.generation``); adds output_ids, stats."""
+        settings = GenerationConfig(**batch["generation"])
+        ids, stats = settings.generate(self.model, batch["input_ids"], batch["eos_id"], batch_idx)
+        return {**batch, "output_ids": ids, "stats": stats}
 
     def on_validation_epoch_end(self) -> None:
         loss = self.val_loss.compute()  # mean over every validation token of every rank

@@ -42,8 +42,14 @@ class PruneRule:
     def rejected(self, bias: torch.Tensor | None, rows: torch.Tensor, keys: torch.Tensor) -> torch.Tensor | None:
         """Pairs the rule rejects at their own step: (B, H or 1, n, hi) or (n, hi) bool; None: it rejects nothing
         (the threshold rule on a layer without a bias)."""
+        return self.rejects(bias, rows[:, None] - keys[None, :])  # a window's (n, hi) broadcasts over (B, H)
+
+    def rejects(self, bias: torch.Tensor | None, age: torch.Tensor) -> torch.Tensor | None:
+        """The rule itself, for pairs of any layout: bias and age (t − s, query minus key position) broadcast
+        together. The parallel simulation above and the KV cache's real eviction (``fpa_lightning.generation``)
+        both ask here. None: the rule rejects nothing (the threshold rule on a layer without a bias)."""
         if self.window is not None:
-            return (rows[:, None] - keys[None, :]) >= self.window  # (n, hi), broadcast over batch and heads
+            return age >= self.window
         return None if bias is None else bias < self.threshold
 
     def describe(self) -> dict:

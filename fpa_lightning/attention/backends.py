@@ -12,15 +12,20 @@ import torch.nn.functional as F
 
 from fpa_lightning.attention.base import AttentionBackend
 from fpa_lightning.ops.alibi import alibi_cumulative, alibi_slopes
-from fpa_lightning.ops.common import at_least_fp32
-from fpa_lightning.ops.dcp import dcp_attention_gpu, dcp_bias, dcp_bias_block
+from fpa_lightning.ops.common import FAR, at_least_fp32
+from fpa_lightning.ops.dcp import dcp_attention_gpu, dcp_bias, dcp_bias_block, log_keep
 from fpa_lightning.ops.fox import fox_bias, fox_bias_block
 from fpa_lightning.ops.fox_flex import fox_flex_attention
 from fpa_lightning.ops.fpa.chunked import fpa_bias_block
 from fpa_lightning.ops.fpa.fused import HEAD_DIMS as FPA_FUSED_HEAD_DIMS
 from fpa_lightning.ops.fpa.fused import fpa_attention as fused_fpa_attention
 from fpa_lightning.ops.fpa.naive import fpa_bias
-from fpa_lightning.ops.selective import selective_attention_gpu, selective_bias, selective_bias_block
+from fpa_lightning.ops.selective import (
+    selection_scores,
+    selective_attention_gpu,
+    selective_bias,
+    selective_bias_block,
+)
 
 
 class AlibiBackend(AttentionBackend):
@@ -39,6 +44,8 @@ class AlibiBackend(AttentionBackend):
 
     def own_bias_block(self, ingredients, lo, hi, carry):
         return fox_bias_block(ingredients["log_gate_cumsum"].transpose(1, 2), lo, hi), None
+
+    # decoding: the base class's positional ALiBi term (from the cached keys' positions) is this backend's bias
 
 
 def _alibi_like_init(bias: torch.Tensor, n_head: int, transform) -> None:
@@ -76,6 +83,20 @@ class FoxBackend(AttentionBackend):
     def fused(self, q, k, v, ingredients):
         return fox_flex_attention(q, k, v, ingredients["log_gate_cumsum"], scale=self.scale)
 
+    # decoding: per cached key its running log-decay Σ_{s<u≤t} log σ(f_u), one scalar per key and head
+    def decode_prefill_state(self, x, q, k, lengths):
+        c = self.ingredients(x, q, k)["log_gate_cumsum"]  # (B, T, H)
+        c_end = c.gather(1, (lengths - 1)[:, None, None].expand(-1, 1, c.shape[2]))  # (B, 1, H): c at L − 1
+        return {"log_decay": (c_end - c).transpose(1, 2)}, {}  # (B, H, T)
+
+    def own_decode_bias(self, x, q, k, query_pos, cache):
+        c = self.ingredients(x, q, k)["log_gate_cumsum"].transpose(1, 2)  # (B, H, n), summed from the piece start
+        cache.put("log_decay", -c)  # so that a new key s sees c_t − c_s
+        decay = cache.state["log_decay"]  # (B, H, S)
+        rows = decay[:, :, None, :] + c[..., :, None]  # (B, H, n, S)
+        decay.add_(c[..., -1:])
+        return rows
+
 
 class FpaBackend(AttentionBackend):
     """FPA (docs/method.md): per head, δ, g, h are linear maps of x; W = cumsum(δ) in float32;
@@ -100,11 +121,19 @@ class FpaBackend(AttentionBackend):
         _alibi_like_init(self.gate.bias[:n_head], n_head, torch.neg)
         self.beta_raw = nn.Parameter(torch.full((n_head,), math.log(math.e - 1.0)))  # softplus⁻¹(1)
 
-    def ingredients(self, x, q, k):
-        maps = self.gate(at_least_fp32(x)).unflatten(-1, (self.n_maps, self.n_head))  # (B, T, maps, H)
-        walk = maps[:, :, 0].cumsum(dim=1)  # W_t = Σ_{u≤t} δ_u, (B, T, H), float32
+    def fields(self, x: torch.Tensor, walk_start: torch.Tensor | None = None):
+        """φ, ψ and the walk W of tokens x (B, n, C), each (B, n, H) in float32; the walk continues from
+        walk_start (B, H) (decoding) or starts at 0."""
+        maps = self.gate(at_least_fp32(x)).unflatten(-1, (self.n_maps, self.n_head))  # (B, n, maps, H)
+        walk = maps[:, :, 0].cumsum(dim=1)  # W_t = Σ_{u≤t} δ_u, (B, n, H), float32
+        if walk_start is not None:
+            walk = walk + walk_start[:, None]
         phi = walk + maps[:, :, 1] if self.n_maps > 1 else walk
         psi = walk + maps[:, :, 2] if self.n_maps > 2 else walk
+        return phi, psi, walk
+
+    def ingredients(self, x, q, k):
+        phi, psi, _ = self.fields(x)
         return {"phi": phi, "psi": psi, "beta": F.softplus(at_least_fp32(self.beta_raw))}
 
     def own_bias(self, ingredients):
@@ -127,6 +156,47 @@ class FpaBackend(AttentionBackend):
         return fused_fpa_attention(q, k, v, ingredients["phi"], ingredients["psi"], ingredients["beta"],
                                    scale=self.scale, skip_threshold=self.cfg.skip_threshold)
 
+    # decoding: per cached key s and head, its level ψ_s and the running path statistic of (s, t]: the minimum
+    # m_s = min φ_u (min reduction) or the dip sum Σ min(0, φ_u − ψ_s) (dipsum); per row, the walk so far.
+    # The query level compares with ψ_t instead and needs no ψ_s.
+    def decode_prefill_state(self, x, q, k, lengths):
+        phi, psi, walk = self.fields(x)  # (B, T, H)
+        H, T = self.n_head, x.shape[1]
+        walk_end = walk.gather(1, (lengths - 1)[:, None, None].expand(-1, 1, H))[:, 0]  # (B, H)
+        phi_h, psi_h = phi.transpose(1, 2), psi.transpose(1, 2)  # (B, H, T)
+        state = {} if self.cfg.fpa_op_level == "query" else {"level": psi_h}
+        if self.cfg.fpa_reduction == "min":
+            inside = torch.arange(T, device=x.device)[None, None, :] < lengths[:, None, None]  # (B, 1, T)
+            field = torch.where(inside, phi_h, FAR)
+            from_s = field.flip(-1).cummin(dim=-1).values.flip(-1)  # min over u in [s, L)
+            state["path_min"] = torch.cat([from_s[..., 1:], torch.full_like(from_s[..., :1], FAR)], dim=-1)  # (s, L)
+        else:
+            state["dip_sum"] = self.prefill_carry({"phi": phi, "psi": psi, "beta": phi.new_ones(H)}, lengths)
+        return state, {"walk": walk_end}
+
+    def own_decode_bias(self, x, q, k, query_pos, cache):
+        phi, psi, walk = self.fields(x, cache.carry["walk"])  # (B, n, H), continuing the cached walk
+        cache.carry["walk"].copy_(walk[:, -1])
+        phi_h, psi_h = phi.transpose(1, 2), psi.transpose(1, 2)  # (B, H, n)
+        if self.cfg.fpa_op_level == "key":
+            cache.put("level", psi_h)
+        level = psi_h[..., :, None] if self.cfg.fpa_op_level == "query" else cache.state["level"][:, :, None, :]
+        after = cache.key_pos[:, :, None, :] < query_pos[:, None, :, None]  # (B, H, n, S): query u moves key s < u
+        beta = F.softplus(at_least_fp32(self.beta_raw))[:, None, None]
+        if self.cfg.fpa_reduction == "min":
+            cache.put("path_min", torch.full_like(phi_h, FAR))  # a new key's range is empty
+            stored = cache.state["path_min"]  # (B, H, S)
+            moved = torch.where(after, phi_h[..., None], FAR)  # φ_u where query u moves key s
+            moved = moved.cummin(dim=2).values if moved.shape[2] > 1 else moved  # min over the new u ≤ t
+            path_min = torch.minimum(stored[:, :, None, :], moved)  # (B, H, n, S)
+            stored.copy_(path_min[:, :, -1])
+            return beta * (path_min - level).clamp(max=0)  # (B, H, n, S)
+        cache.put("dip_sum", torch.zeros_like(phi_h))
+        stored = cache.state["dip_sum"]
+        dip_sum = stored[:, :, None, :] + torch.where(after, (phi_h[..., None] - level).clamp(max=0), 0.0).cumsum(dim=2)
+        stored.copy_(dip_sum[:, :, -1])
+        return beta * dip_sum  # (B, H, n, S)
+
 
 class SelectiveBackend(AttentionBackend):
     """Selective Attention: head 0's ReLU logits select, F is subtracted from every head (layer-shared)."""
@@ -145,6 +215,23 @@ class SelectiveBackend(AttentionBackend):
 
     def fused(self, q, k, v, ingredients):
         return selective_attention_gpu(q, k, v, scale=self.scale)
+
+    # decoding: per cached key its selection so far F_s = Σ_{t'<t} S[t', s], one scalar for all heads
+    shared_key_state = True
+
+    def decode_prefill_state(self, x, q, k, lengths):
+        return {"selected": self.prefill_carry(self.ingredients(x, q, k), lengths)[:, None]}, {}  # (B, 1, T)
+
+    def own_decode_bias(self, x, q, k, query_pos, cache):
+        cache.put("selected", q.new_zeros(q.shape[0], 1, q.shape[1], dtype=cache.state["selected"].dtype))
+        key_pos = cache.key_pos[:, 0]  # (B, S): every head keeps the same keys (shared_key_state)
+        selectable = (key_pos[:, None, :] > 0) & (key_pos[:, None, :] < query_pos[:, :, None])  # (B, n, S)
+        scores = selection_scores(at_least_fp32(q[:, :, 0]), at_least_fp32(cache.k[:, 0]), self.scale)
+        selection = torch.where(selectable, scores, 0.0)  # S[t', s] of the new queries t'
+        stored = cache.state["selected"]  # (B, 1, S)
+        rows = stored[:, :, None, :] + (selection.cumsum(dim=1) - selection)[:, None]  # exclusive: Σ_{t'<t}
+        stored.add_(selection.sum(dim=1)[:, None])
+        return -rows  # (B, 1, n, S)
 
 
 class DcpBackend(AttentionBackend):
@@ -176,3 +263,23 @@ class DcpBackend(AttentionBackend):
 
     def fused(self, q, k, v, ingredients):
         return dcp_attention_gpu(q, k, v, ingredients["qi"], ingredients["ki"], ingredients["offset"], scale=self.scale)
+
+    # decoding: per cached key its interaction key ki_s (r floats) and its log keep so far, for all heads
+    shared_key_state = True
+
+    def decode_prefill_state(self, x, q, k, lengths):
+        ingredients = self.ingredients(x, q, k)
+        keep = self.prefill_carry(ingredients, lengths)  # (B, T): Σ_{t'<L} log keep[t', s]
+        return {"log_keep": keep[:, None], "key": ingredients["ki"][:, None]}, {}  # (B, 1, T), (B, 1, T, r)
+
+    def own_decode_bias(self, x, q, k, query_pos, cache):
+        ingredients = self.ingredients(x, q, k)  # qi, ki (B, n, r)
+        cache.put("key", ingredients["ki"][:, None])
+        cache.put("log_keep", ingredients["ki"].new_zeros(x.shape[0], 1, x.shape[1]))
+        key_pos = cache.key_pos[:, 0]  # (B, S): every head keeps the same keys (shared_key_state)
+        values = log_keep(ingredients["qi"], cache.state["key"][:, 0], ingredients["offset"])  # (B, n, S)
+        values = torch.where(key_pos[:, None, :] < query_pos[:, :, None], values, 0.0)
+        stored = cache.state["log_keep"]  # (B, 1, S)
+        rows = stored[:, :, None, :] + values.cumsum(dim=1)[:, None]  # inclusive: Σ_{s<t'≤t}
+        stored.add_(values.sum(dim=1)[:, None])
+        return rows  # (B, 1, n, S)

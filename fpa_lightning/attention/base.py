@@ -21,12 +21,14 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from fpa_lightning.ops.alibi import alibi_cumulative, alibi_slopes
+from fpa_lightning.ops.alibi import alibi_cumulative, alibi_decode_bias, alibi_slopes
 from fpa_lightning.ops.blockwise import blockwise_attention
 from fpa_lightning.ops.common import dense_attention
 from fpa_lightning.ops.fox import fox_bias, fox_bias_block
 
 Ingredients = dict[str, torch.Tensor]
+DecodeState = dict[str, torch.Tensor]
+"""A backend's decoding state: per cached key {name: (B, H or 1, S, ...)} (slot axis 2) or per row {name: (B, ...)}."""
 
 BiasHook = Callable[[torch.Tensor | None, torch.Tensor, torch.Tensor, Any], tuple[torch.Tensor | None, Any]]
 """``hook(bias, query_positions, key_positions, carry) -> (bias, carry)``: sees every block of bias rows a layer
@@ -191,6 +193,55 @@ class AttentionBackend(nn.Module):
             return bias, (inner, hook_carry)
 
         return blockwise_attention(q, k, v, bias_block, scale=self.scale, block_size=self.cfg.block_size)
+
+    # --- decoding with a KV cache (fpa_lightning.generation) ------------------------------------------
+    # The cache keeps K/V per slot and, per cached key, the state the bias needs: a backend brings its cache form
+    # with it through the three methods below. ``cache`` is a ``fpa_lightning.generation.LayerCache``: ``key_pos``
+    # (B, H, S) positions of the slots (−1: free), ``k`` (B, H, S, D), ``state`` (per key) and ``carry`` (per row)
+    # dicts, and ``put(name, values)``, which writes the state of the keys just added (B, H or 1, n, ...).
+
+    shared_key_state = False
+    """True when the per-key state is one per key for all heads (a layer-shared bias): every head must then keep
+    the same keys, so pruning by a per-head bias (ALiBi on top) has no cache form."""
+
+    def decode_prefill_state(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                             lengths: torch.Tensor) -> tuple[DecodeState, DecodeState]:
+        """After a parallel prefill of x (B, T, C), q, k (B, T, H, D): the state of keys 0..T-1 and of each row as
+        they stand after query lengths[b] − 1 of row b (later positions are right padding and ignored)."""
+        return {}, {}
+
+    def decode_bias(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, query_pos: torch.Tensor,
+                    cache) -> torch.Tensor | None:
+        """Bias rows of n new tokens over the cache's S slots, (B, H or 1, n, S), None without a bias; the state is
+        advanced past them. x (B, n, C), q, k (B, n, H, D) at query_pos (B, n); their keys are already in the
+        cache. Entries of free slots and future keys are garbage, masked by the caller. Adds ALiBi if configured."""
+        bias = self.own_decode_bias(x, q, k, query_pos, cache)
+        if self.alibi:
+            alibi = alibi_decode_bias(self.alibi_slope, query_pos, cache.key_pos)
+            bias = alibi if bias is None else bias + alibi
+        return bias
+
+    def own_decode_bias(self, x, q, k, query_pos, cache) -> torch.Tensor | None:
+        """The backend's own part of ``decode_bias`` (positional ALiBi excluded)."""
+        return None
+
+    def prefill_carry(self, ingredients: Ingredients, lengths: torch.Tensor) -> torch.Tensor:
+        """The chunked path's per-key carry (e.g. Selective's Σ_{t'<L} S[t', s]) after query lengths[b] − 1 of each
+        row b: (B, ..., T), zero past a row's length. Computed with ``own_bias_block`` itself, once per distinct
+        length (O(T²), as the parallel forward of these backends)."""
+        B, T = lengths.shape[0], next(v for v in ingredients.values() if v.dim() >= 2).shape[1]
+        out = None
+        for length in lengths.unique().tolist():
+            rows = (lengths == length).nonzero()[:, 0]
+            # batched ingredients are (B, T, ...); parameters (beta, offset) have fewer dims
+            sub = {name: v[rows, :length] if v.dim() >= 2 else v for name, v in ingredients.items()}
+            carry = None
+            for lo in range(0, length, self.cfg.block_size):
+                carry = self.own_bias_block(sub, lo, min(length, lo + self.cfg.block_size), carry)[1]
+            if out is None:
+                out = carry.new_zeros(B, *carry.shape[1:-1], T)
+            out[rows, ..., :length] = carry
+        return out
 
     @torch.no_grad()
     def probe(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> LayerProbe:

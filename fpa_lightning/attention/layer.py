@@ -33,9 +33,19 @@ class RotaryEmbedding(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x (B, T, H, D) -> rotated, same dtype (rotation in float32)."""
         cos, sin = self.tables(x.shape[1], x.device)
+        return self.rotate(x, cos[:, None], sin[:, None])
+
+    def rotate_at(self, x: torch.Tensor, positions: torch.Tensor, limit: int) -> torch.Tensor:
+        """x (B, n, H, D) of tokens at positions (B, n), each < limit (decoding: one table for every step, so
+        nothing grows inside a captured step) -> rotated, same dtype."""
+        cos, sin = self.tables(limit, x.device)
+        return self.rotate(x, cos[positions][:, :, None], sin[positions][:, :, None])
+
+    @staticmethod
+    def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         first, second = x.float().chunk(2, dim=-1)
         rotated = torch.cat([-second, first], dim=-1)
-        return (x.float() * cos[:, None] + rotated * sin[:, None]).to(x.dtype)
+        return (x.float() * cos + rotated * sin).to(x.dtype)
 
 
 class CausalSelfAttention(nn.Module):
@@ -55,6 +65,13 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.qkv(x).unflatten(-1, (3, self.n_head, self.head_dim)).unbind(dim=2)
         if self.rope is not None:
             q, k = self.rope(q), self.rope(k)
+        return q, k, v
+
+    def project_at(self, x: torch.Tensor, positions: torch.Tensor, limit: int):
+        """x (B, n, C) of tokens at positions (B, n) -> q, k, v (B, n, H, D), RoPE at those positions (< limit)."""
+        q, k, v = self.qkv(x).unflatten(-1, (3, self.n_head, self.head_dim)).unbind(dim=2)
+        if self.rope is not None:
+            q, k = self.rope.rotate_at(q, positions, limit), self.rope.rotate_at(k, positions, limit)
         return q, k, v
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -67,8 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--margin", type=float, help="test_loss --compare: non-inferiority margin in nats (default 0.00995)")
     p.add_argument("--thresholds", type=float, nargs="+", help="cache_prune: bias thresholds, the first one also "
                    "for the pass keys (default -10 -20 -5 -2 -1)")
-    p.add_argument("--window", type=int, help="cache_prune: sliding window for a checkpoint without a bias "
-                   "(default: matched to the compared model's kept fraction)")
+    p.add_argument("--window", type=int, help="cache_prune, passkey: sliding window for a checkpoint without a bias "
+                   "(cache_prune default: matched to the compared model's kept fraction)")
     p.add_argument("--passkey-lengths", type=int, nargs="*", help="cache_prune: pass-key lengths under pruning "
                    "(default 8192 16384; none to skip)")
     for name, task in TASKS.items():  # options only one task reads may be defined by that task

@@ -18,14 +18,19 @@ from fpa_lightning.ops.blockwise import query_cumsum_block
 _LOG_FLOOR_PROB = 1e-30
 
 
+def log_keep(qi: torch.Tensor, ki: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
+    """log σ₂(z[t', s]) for every query t' of qi (B, n, r) and key s of ki (B, S, r): (B, n, S), no causal mask."""
+    z = torch.einsum("bqr,bkr->bqk", qi, ki) / math.sqrt(qi.shape[-1]) + offset
+    keep = ((z + 1) / 2).clamp(0, 1)
+    return keep.clamp_min(_LOG_FLOOR_PROB).log()
+
+
 def log_keep_rows(qi: torch.Tensor, ki: torch.Tensor, offset: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
     """log σ₂(z[t', s]) for t' in [lo, hi), s in [0, hi), zero where s ≥ t': (B, hi − lo, hi)."""
-    z = torch.einsum("bqr,bkr->bqk", qi[:, lo:hi], ki[:, :hi]) / math.sqrt(qi.shape[-1]) + offset
-    keep = ((z + 1) / 2).clamp(0, 1)
-    log_keep = keep.clamp_min(_LOG_FLOOR_PROB).log()
+    values = log_keep(qi[:, lo:hi], ki[:, :hi], offset)
     rows = torch.arange(lo, hi, device=qi.device)[:, None]
     keys = torch.arange(hi, device=qi.device)[None, :]
-    return torch.where(keys < rows, log_keep, torch.zeros_like(log_keep))
+    return torch.where(keys < rows, values, torch.zeros_like(values))
 
 
 def dcp_bias(qi: torch.Tensor, ki: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:

@@ -14,13 +14,18 @@ import torch.nn.functional as F
 from fpa_lightning.ops.blockwise import query_cumsum_block
 
 
+def selection_scores(q0: torch.Tensor, k0: torch.Tensor, scale: float) -> torch.Tensor:
+    """ReLU(q0·k0·scale) for every query of q0 (B, n, D) and key of k0 (B, S, D): (B, n, S), before any mask."""
+    return F.relu(torch.einsum("bqd,bkd->bqk", q0, k0) * scale)
+
+
 def selection_rows(q0: torch.Tensor, k0: torch.Tensor, lo: int, hi: int, scale: float) -> torch.Tensor:
     """S[t', s] for t' in [lo, hi), s in [0, hi): (B, hi − lo, hi). q0, k0: (B, T, D) of the selecting head."""
-    logits = torch.einsum("bqd,bkd->bqk", q0[:, lo:hi], k0[:, :hi]) * scale  # (B, n, hi)
+    scores = selection_scores(q0[:, lo:hi], k0[:, :hi], scale)  # (B, n, hi)
     rows = torch.arange(lo, hi, device=q0.device)[:, None]
     keys = torch.arange(hi, device=q0.device)[None, :]
     selectable = (keys < rows) & (keys > 0)  # causal, no diagonal, BOS never masked
-    return torch.where(selectable, F.relu(logits), torch.zeros_like(logits))
+    return torch.where(selectable, scores, torch.zeros_like(scores))
 
 
 def selective_bias(q: torch.Tensor, k: torch.Tensor, *, scale: float | None = None) -> torch.Tensor:

@@ -1,5 +1,7 @@
 """cache_prune: loss increase and kept fraction when keys whose bias fell below a threshold are dropped (simulated
-in the chunked forward pass, analysis.pruning), and pass-key success under the first threshold."""
+in the chunked forward pass, analysis.pruning), and pass-key success under the first threshold. With
+--real-eviction the same documents also go through the real KV cache (fpa_lightning.generation), which drops the
+keys from storage: its loss and kept fraction are reported beside the simulation's."""
 from __future__ import annotations
 
 import argparse
@@ -16,6 +18,7 @@ from fpa_lightning.evaluation.scoring import Runtime, check_vocab, token_losses
 from fpa_lightning.evaluation.stats import clopper_pearson
 from fpa_lightning.evaluation.tasks.common import Task, TaskOutput, errorbar, intervals, label
 from fpa_lightning.evaluation.tasks.passkey import score_all
+from fpa_lightning.generation.session import cached_token_losses
 
 DEFAULT_LENGTHS = [2048, 8192]
 
@@ -24,7 +27,13 @@ def run(args: argparse.Namespace, models: list[LoadedModel], runtime: Runtime, d
     passkey_lengths = [8192, 16384] if args.passkey_lengths is None else args.passkey_lengths
     return cache_prune(models, runtime, data, args.lengths or DEFAULT_LENGTHS,
                        args.thresholds or [-10.0, -20.0, -5.0, -2.0, -1.0], args.window, passkey_lengths,
-                       args.trials or 100, args.max_docs)
+                       args.trials or 100, args.max_docs, real_eviction=bool(args.real_eviction))
+
+
+def add_arguments(group) -> None:
+    group.add_argument("--real-eviction", action="store_const", const=True, help="cache_prune: also decode every "
+                       "document through the real KV cache (keys evicted from storage) and report its loss and kept "
+                       "fraction beside the simulation's, on the same documents")
 
 
 def check(args: argparse.Namespace, models: list[LoadedModel]) -> None:
@@ -75,10 +84,11 @@ def check_prune_setup(models: list[LoadedModel], window: int | None) -> None:
 
 def cache_prune(models: list[LoadedModel], runtime: Runtime, data: EvalData, lengths: list[int],
                 thresholds: list[float], window: int | None, passkey_lengths: list[int], n_trials: int,
-                max_docs: int | None) -> TaskOutput:
+                max_docs: int | None, real_eviction: bool = False) -> TaskOutput:
     """Loss increase from dropping keys whose bias fell below each threshold (bootstrap over documents, paired
     with the unpruned pass on the same chunked path) and the mean fraction of keys kept; softmax gets a
-    sliding window of the same mean kept fraction. Then pass-key success with the first threshold."""
+    sliding window of the same mean kept fraction. Then pass-key success with the first threshold.
+    real_eviction: each rule's row also gets ``real_eviction``, the same documents decoded through the KV cache."""
     check_prune_setup(models, window)
     order = sorted(range(len(models)), key=lambda i: not has_bias(models[i]))  # biased models first
     per_length, scalars = [], {}
@@ -105,6 +115,10 @@ def cache_prune(models: list[LoadedModel], runtime: Runtime, data: EvalData, len
                 kept = stats.as_dict()
                 rows.append({"rule": rule.describe(), "loss": intervals(losses, runtime)[0].as_dict(),
                              "increase": intervals(losses - base, runtime)[0].as_dict(), **kept})
+                if real_eviction:
+                    rows[-1]["real_eviction"] = _real_eviction(m, docs, rule, runtime, base, losses)
+                    scalars[f"cache_prune/{'AB'[i]}_real_kept/{length}/{_rule_tag(rule)}"] = \
+                        rows[-1]["real_eviction"]["kept_fraction"]
                 scalars[f"cache_prune/{'AB'[i]}_increase/{length}/{_rule_tag(rule)}"] = rows[-1]["increase"]["estimate"]
                 scalars[f"cache_prune/{'AB'[i]}_kept/{length}/{_rule_tag(rule)}"] = kept["kept_fraction"]
             if has_bias(m) and fractions is None:
@@ -120,6 +134,26 @@ def cache_prune(models: list[LoadedModel], runtime: Runtime, data: EvalData, len
         for i, r in enumerate(e["models"]):
             scalars[f"cache_prune/{'AB'[i]}_passkey/{e['length']}"] = r["rate"]["estimate"]
     return TaskOutput(results, {"cache_prune": _plot_prune(results)}, scalars)
+
+
+def _real_eviction(model: LoadedModel, docs: list, rule: PruneRule, runtime: Runtime, base: np.ndarray,
+                   simulated: np.ndarray) -> dict:
+    """The documents through the real KV cache under `rule`: loss, increase over the unpruned pass, kept fraction
+    (every query, as the simulation counts it), allocated cache bytes at the end, and the largest difference of a
+    document's loss from the simulation's (rounding only: the two compute the same thing)."""
+    losses, kept, cache_bytes = [], [], []
+    for doc in docs:
+        with runtime.autocast():
+            per_token, session = cached_token_losses(model.decoder, doc[None].to(runtime.device), rule,
+                                                     piece=model.decoder.cfg.attention.block_size)
+        losses.append(float(per_token.mean()))
+        stats = session.stats()
+        kept.append(stats["kept_per_query"]["kept_fraction"])
+        cache_bytes.append(stats["cache_bytes"])
+    losses = np.array(losses)
+    return {"loss": intervals(losses, runtime)[0].as_dict(), "increase": intervals(losses - base, runtime)[0].as_dict(),
+            "kept_fraction": float(np.mean(kept)), "cache_bytes": float(np.mean(cache_bytes)),
+            "max_abs_difference_from_simulation": float(np.abs(losses - simulated).max())}
 
 
 def _rule_tag(rule: PruneRule) -> str:
@@ -170,5 +204,5 @@ def _plot_prune(results: dict) -> plt.Figure:
 
 
 TASK = Task("loss increase and kept fraction when keys whose bias fell below a threshold are dropped",
-            frozenset({"lengths", "trials", "thresholds", "window", "passkey_lengths", "max_docs", "data"}), run,
-            check=check, impl="chunked")
+            frozenset({"lengths", "trials", "thresholds", "window", "passkey_lengths", "max_docs", "data",
+                       "real_eviction"}), run, check=check, impl="chunked", add_arguments=add_arguments)

@@ -1,24 +1,55 @@
-"""passkey: greedy pass-key retrieval per prompt length, exact intervals, McNemar tests with --compare."""
+"""passkey: greedy pass-key retrieval per prompt length, exact intervals, McNemar tests with --compare.
+
+Default: the one-pass scorer (teacher forcing, ``evaluation.passkey``). With --prune-threshold (and --window for a
+checkpoint without a bias) the answer is decoded greedily through the KV cache with real eviction
+(``fpa_lightning.generation``), and the mean kept fraction is reported."""
 from __future__ import annotations
 
 import argparse
 
 import matplotlib.pyplot as plt
 import numpy as np
+import torch
 
 from fpa_lightning.evaluation.checkpoint import LoadedModel
 from fpa_lightning.evaluation.data import EvalData
-from fpa_lightning.evaluation.passkey import PasskeyBuilder, PasskeyTrial, score_trial
+from fpa_lightning.evaluation.passkey import PasskeyBuilder, PasskeyScore, PasskeyTrial, score_trial
 from fpa_lightning.evaluation.progress import Progress, Work, start
 from fpa_lightning.evaluation.scoring import Runtime, check_vocab
 from fpa_lightning.evaluation.stats import clopper_pearson, mcnemar_exact
+from fpa_lightning.analysis.pruning import PruneRule
 from fpa_lightning.evaluation.tasks.common import Task, TaskOutput, errorbar, label
+from fpa_lightning.generation import DecodeSession
 
 DEFAULT_LENGTHS = [3072, 4096, 8192, 16384]
 
 
 def run(args: argparse.Namespace, models: list[LoadedModel], runtime: Runtime, data: EvalData) -> TaskOutput:
-    return passkey(models, runtime, data, args.lengths or DEFAULT_LENGTHS, args.trials or 100)
+    rules = pruning_rules(models, args.prune_threshold, args.window)
+    return passkey(models, runtime, data, args.lengths or DEFAULT_LENGTHS, args.trials or 100, rules)
+
+
+def check(args: argparse.Namespace, models: list[LoadedModel]) -> None:
+    pruning_rules(models, args.prune_threshold, args.window)
+
+
+def pruning_rules(models: list[LoadedModel], threshold: float | None, window: int | None) -> list | None:
+    """Per model, the rule of the pruned-cache mode (a threshold with a bias, a window without), or None for the
+    default one-pass scorer; raises when a model is left without a rule."""
+    if threshold is None and window is None:
+        return None
+    if threshold is not None and threshold > 0:
+        raise ValueError(f"--prune-threshold must be <= 0, got {threshold}")
+    rules = []
+    for m in models:
+        with_bias = any(block.attn.backend.has_bias for block in m.decoder.blocks)
+        if with_bias and threshold is not None:
+            rules.append(PruneRule(threshold=threshold))
+        elif window is not None:
+            rules.append(PruneRule(window=window))
+        else:
+            raise ValueError(f"passkey: {m.path} has no attention bias; its pruned cache needs --window")
+    return rules
 
 
 def score_all(model: LoadedModel, trials: list[PasskeyTrial], runtime: Runtime, bar: Progress | None = None,
@@ -32,10 +63,36 @@ def score_all(model: LoadedModel, trials: list[PasskeyTrial], runtime: Runtime, 
     return scores
 
 
+@torch.no_grad()
+def decode_all(model: LoadedModel, trials: list[PasskeyTrial], runtime: Runtime, rule: PruneRule, bar: Progress,
+               index: int) -> list[dict]:
+    """Greedy decoding of each answer through the KV cache under `rule` (keys evicted for good): success and the
+    cache's kept fraction at the end."""
+    out = []
+    for t in trials:
+        session = DecodeSession(model.decoder, rule=rule)
+        with runtime.autocast():
+            logits = session.prefill([t.input_ids[: t.prompt_len]], max_new_tokens=t.answer.numel())
+            answer = []
+            for i in range(t.answer.numel()):
+                answer.append(logits.argmax(dim=-1))
+                if i + 1 < t.answer.numel():
+                    logits = session.step(answer[-1])
+        decoded = torch.cat(answer).cpu()
+        out.append({"success": bool(torch.equal(decoded, t.answer)), **_cache_figures(session.stats())})
+        bar.advance(t.length, index)
+    return out
+
+
+def _cache_figures(stats: dict) -> dict:
+    return {"kept_fraction": stats["kept_fraction"], "cache_bytes": stats["cache_bytes"]}
+
+
 def passkey(models: list[LoadedModel], runtime: Runtime, data: EvalData, lengths: list[int],
-            n_trials: int) -> TaskOutput:
+            n_trials: int, rules: list[PruneRule] | None = None) -> TaskOutput:
     """Greedy pass-key success per length with exact (Clopper–Pearson) intervals; with two models an exact
-    McNemar test per length and over all lengths pooled."""
+    McNemar test per length and over all lengths pooled. rules: per model, decode through the KV cache pruned by
+    that rule instead of the one-pass scorer."""
     builder = PasskeyBuilder(data.tokenizer, data.bos_id)
     per_length, scalars, pooled = [], {}, [[] for _ in models]
     trials_at = {length: builder.trials(length, n_trials, runtime.seed) for length in lengths}
@@ -46,10 +103,14 @@ def passkey(models: list[LoadedModel], runtime: Runtime, data: EvalData, lengths
     for length, trials in trials_at.items():
         for m in models:
             check_vocab(m.decoder, max(int(t.input_ids.max()) for t in trials))
-        scores = []
-        for i, m in enumerate(models):
-            bar.set_stage(f"{length} {'AB'[i]}")
-            scores.append(score_all(m, trials, runtime, bar, i))
+        if rules is None:
+            scores = []
+            for i, m in enumerate(models):
+                bar.set_stage(f"{length} {'AB'[i]}")
+                scores.append(score_all(m, trials, runtime, bar, i))
+        else:
+            decoded = [decode_all(m, trials, runtime, rule, bar, i) for i, (m, rule) in enumerate(zip(models, rules))]
+            scores = [[PasskeyScore(d["success"], float("nan")) for d in dec] for dec in decoded]
         entry = {
             "length": length,
             "trials": [{"key": t.key, "depth": t.depth, "tokens": t.length} for t in trials],
@@ -62,12 +123,18 @@ def passkey(models: list[LoadedModel], runtime: Runtime, data: EvalData, lengths
             entry["models"].append({"label": label(m, i), "successes": sum(wins), "n": len(wins),
                                     "rate": interval.as_dict(), "success": wins,
                                     "mean_answer_nll": float(np.mean([s.answer_nll for s in sc]))})
+            if rules is not None:  # decoded: no teacher-forced likelihood, but the cache's kept fraction and size
+                entry["models"][-1].update(rule=rules[i].describe(), mean_answer_nll=None,
+                                           kept_fraction=float(np.mean([d["kept_fraction"] for d in decoded[i]])),
+                                           cache_bytes=float(np.mean([d["cache_bytes"] for d in decoded[i]])))
+                scalars[f"passkey/{'AB'[i]}_kept_fraction/{length}"] = entry["models"][-1]["kept_fraction"]
             scalars[f"passkey/{'AB'[i]}_success_rate/{length}"] = interval.estimate
         if len(models) == 2:
             entry["mcnemar"] = mcnemar_exact(*[[s.success for s in sc] for sc in scores]).as_dict()
         per_length.append(entry)
     bar.close()
-    results = {"lengths": per_length, "trials_per_length": n_trials}
+    results = {"lengths": per_length, "trials_per_length": n_trials,
+               "scorer": "one pass (teacher forcing)" if rules is None else "greedy decoding, pruned KV cache"}
     if len(models) == 2:
         results["mcnemar_pooled"] = mcnemar_exact(*pooled).as_dict()
     return TaskOutput(results, {"passkey": _plot_passkey(results)}, scalars)
@@ -87,4 +154,4 @@ def _plot_passkey(results: dict) -> plt.Figure:
 
 
 TASK = Task("greedy pass-key retrieval per prompt length, exact binomial CIs, McNemar test with --compare",
-            frozenset({"lengths", "trials"}), run)
+            frozenset({"lengths", "trials", "prune_threshold", "window"}), run, check=check)

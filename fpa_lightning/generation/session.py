@@ -1,0 +1,386 @@
+"""``DecodeSession``: a decoder, its KV cache and an optional eviction rule; prefill, extend, step.
+
+* ``prefill(prompts)``: the parallel forward (the configured path: the fused kernel on a GPU) runs over the
+  right-padded prompts; each layer hands its K, V and its backend's per-key state
+  (``AttentionBackend.decode_prefill_state``) to the cache. Returns the logits after each prompt.
+* ``extend(ids)``: n more tokens per row through the cache (prefill in pieces, teacher forcing): each layer
+  attends over its cached keys with the bias the backend computes from its state (``decode_bias``).
+* ``step(ids)``: one token per row with static shapes; on CUDA the step is captured once in a CUDA graph and
+  replayed (optionally compiled first). The cache only changes size between steps (``reserve``).
+
+Eviction (``rule``, ``fpa_lightning.analysis.pruning.PruneRule``): a key is dropped for good at the first query
+whose bias for it the rule rejects, in the prompt as in the continuation; the newest key never is. This is exactly
+what ``analysis.pruning.pruned_cache`` simulates with masks, so the two agree to rounding. Under an eviction rule
+the prompt is prefilled by that same simulation (the chunked path with the rule's mask), which hands the cache its
+eviction flags; then the cache is compacted. A rule that can evict nothing (threshold −inf) keeps the fast prefill.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from fpa_lightning.analysis.pruning import KeptStats, PruneRule, PruningHook
+from fpa_lightning.generation.cache import FREE, KVCache, LayerCache
+from fpa_lightning.model import Decoder
+
+SLOT_MULTIPLE = 64  # capacities are rounded up to this many slots (aligned matmuls, fewer resizes)
+
+
+def _round_up(n: int, multiple: int = SLOT_MULTIPLE) -> int:
+    return -(-n // multiple) * multiple
+
+
+def cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None,
+                     visible: torch.Tensor, scale: float) -> torch.Tensor:
+    """softmax(q·kᵀ·scale + bias) · v over the visible slots. q (B, n, H, D); k, v (B, H, S, D); bias (B, H or 1,
+    n, S) or None; visible (B, H, n, S) bool. Scores and softmax in float32 at least, as the parallel paths."""
+    scores = torch.einsum("bqhd,bhkd->bhqk", q, k) * scale  # (B, H, n, S)
+    scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
+    if bias is not None:
+        scores = scores + bias.to(scores.dtype)
+    probs = scores.masked_fill(~visible, float("-inf")).softmax(dim=-1)
+    return torch.einsum("bhqk,bhkd->bqhd", probs.to(v.dtype), v)
+
+
+def cast_weights(decoder: Decoder, dtype: torch.dtype) -> Decoder:
+    """Every weight but the attention backends' gate maps to `dtype` (e.g. bfloat16 for fast decoding), in place.
+    The gate maps stay float32: the bias ingredients are computed in float32 anyway (``at_least_fp32``), and
+    buffers (RoPE frequencies, ALiBi slopes) keep their precision."""
+    backend_params = {id(p) for block in decoder.blocks for p in block.attn.backend.parameters()}
+    for param in decoder.parameters():
+        if id(param) not in backend_params:
+            param.data = param.data.to(dtype)
+    return decoder
+
+
+def check_rule(decoder: Decoder, rule: PruneRule | None) -> None:
+    """Raise for a rule the cache cannot apply: per-head eviction of a layer whose state all heads share."""
+    if rule is None or rule.threshold is None:
+        return
+    for i, block in enumerate(decoder.blocks):
+        backend = block.attn.backend
+        if backend.shared_key_state and backend.alibi:
+            raise ValueError(f"layer {i}: {backend.label} keeps one state per key for all heads, but ALiBi makes its "
+                             "bias (and so threshold eviction) differ per head: no cache form; use a window rule")
+
+
+class KeptCounter:
+    """Per layer, Σ over queries of the fraction of the t + 1 keys kept (mean over heads), and the query count."""
+
+    def __init__(self, n_layer: int):
+        self.fraction_sum: list[torch.Tensor | float] = [0.0] * n_layer
+        self.queries = [0] * n_layer
+
+    def add(self, layer: int, visible: torch.Tensor, query_pos: torch.Tensor) -> None:
+        """visible (B, H, n, S) after eviction; query_pos (B, n)."""
+        fraction = visible.sum(dim=-1).to(torch.float64) / (query_pos[:, None, :] + 1)  # (B, H, n)
+        self.fraction_sum[layer] = self.fraction_sum[layer] + fraction.mean(dim=1).sum()
+        self.queries[layer] += query_pos.numel()
+
+    def add_simulated(self, stats: KeptStats | None, queries: int) -> None:
+        """`queries` prompt positions counted by the parallel simulation (``PruningHook``); None: nothing evicted."""
+        fractions = [1.0] * len(self.queries) if stats is None else stats.per_layer_fraction()
+        for layer, fraction in enumerate(fractions):
+            self.fraction_sum[layer] = self.fraction_sum[layer] + fraction * queries
+            self.queries[layer] += queries
+
+    def as_dict(self) -> dict:
+        per_layer = [float(f) / q if q else float("nan") for f, q in zip(self.fraction_sum, self.queries)]
+        return {"kept_fraction": sum(per_layer) / len(per_layer), "kept_fraction_per_layer": per_layer}
+
+
+class _EvictionRecorder:
+    """A layer's bias hook: the rule's ``PruningHook``, keeping the per-key eviction flags after the last row."""
+
+    def __init__(self, hook: PruningHook):
+        self.hook, self.evicted = hook, None
+
+    def __call__(self, bias, rows, keys, carry):
+        bias, carry = self.hook(bias, rows, keys, carry)
+        self.evicted = carry  # (B, H or 1, hi) after row hi − 1; None while nothing can be evicted
+        return bias, carry
+
+
+class DecodeSession:
+    """Decoding ``decoder`` (eval mode, no grad) with a KV cache; see the module docstring.
+
+    rule: eviction rule, or None. cuda_graph: capture the single-token step in a CUDA graph (default: on CUDA).
+    compile: ``torch.compile`` the step first (compiles again whenever the cache is resized). track_kept: count
+    the kept fraction of every query (``stats()["kept_per_query"]``), for evaluation. max_length: refuse prompts
+    and continuations longer than this many tokens (default: only memory bounds the length). check_every: steps
+    between capacity checks under an eviction rule (each check synchronises with the device once).
+    """
+
+    def __init__(self, decoder: Decoder, *, rule: PruneRule | None = None, cuda_graph: bool | None = None,
+                 compile: bool = False, track_kept: bool = False, max_length: int | None = None,
+                 check_every: int = 64):
+        check_rule(decoder, rule)
+        self.decoder, self.rule = decoder, rule
+        self.device = next(decoder.parameters()).device
+        self.cuda_graph = self.device.type == "cuda" if cuda_graph is None else cuda_graph
+        if self.cuda_graph and self.device.type != "cuda":
+            raise ValueError(f"cuda_graph=True needs the model on a CUDA device, it is on {self.device}")
+        if self.cuda_graph and track_kept:
+            raise ValueError("track_kept counts on the host side of every step: use cuda_graph=False with it")
+        if check_every < 1:
+            raise ValueError(f"check_every must be >= 1, got {check_every}")
+        self.max_length, self.check_every = max_length, check_every
+        self.counter = KeptCounter(len(decoder.blocks)) if track_kept else None
+        self.step_fn = torch.compile(self._step, dynamic=False) if compile else self._step
+        self.cache: KVCache | None = None
+        self.host_next: list[int] = []  # per row, the position of the next token (a host copy: no sync)
+        self.limit = 0  # RoPE tables cover positions < limit
+        self.reserved = 0  # steps that fit without another capacity check
+        self._graph = None
+        self._warm = False  # a step has run since the last resize (capture needs warm kernels)
+        self._ids: torch.Tensor | None = None
+        self._logits: torch.Tensor | None = None
+
+    # --- prefill ------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def prefill(self, prompts: list[torch.Tensor], max_new_tokens: int = 0) -> torch.Tensor:
+        """Prompts (1-D LongTensors, lengths may differ) -> logits after each prompt's last token (B, V).
+        max_new_tokens: how many steps will follow (sizes the cache and the RoPE tables once)."""
+        lengths = torch.tensor([len(p) for p in prompts], device=self.device)
+        B, T = len(prompts), int(lengths.max())
+        self._check_length(T + max_new_tokens)
+        ids = torch.zeros(B, T, dtype=torch.long, device=self.device)
+        for b, prompt in enumerate(prompts):
+            ids[b, : len(prompt)] = prompt.to(self.device)
+        evicting = self.rule is not None and (self.counter is not None or self._rule_can_evict())
+        # the simulation's eviction flags are those after a group's last row: one group per length
+        groups = [lengths == L for L in lengths.unique().tolist()] if evicting else [lengths > 0]
+        parts: list[list] = [[] for _ in self.decoder.blocks]
+        logits = None
+        for rows in groups:
+            rows = rows.nonzero()[:, 0]
+            group_logits = self._prefill_group(ids[rows, : int(lengths[rows].max())], lengths[rows], rows, parts,
+                                               evicting)
+            logits = group_logits.new_empty(B, group_logits.shape[-1]) if logits is None else logits
+            logits[rows] = group_logits
+        self.cache = KVCache([_assemble(B, T, layer_parts) for layer_parts in parts],
+                             next_pos=lengths.clone(), append=self.rule is None)
+        self.host_next = lengths.tolist()
+        self.limit, self.reserved, self._graph, self._warm = 0, 0, None, False
+        self.reserve(min(max_new_tokens, self.check_every) if self.rule is not None else max_new_tokens,
+                     positions=max_new_tokens)
+        return logits
+
+    def _prefill_group(self, ids: torch.Tensor, lengths: torch.Tensor, rows: torch.Tensor, parts: list,
+                       evicting: bool) -> torch.Tensor:
+        """Prompts of one group through the parallel forward; each layer's K, V and state go to ``parts``."""
+        stats = KeptStats.empty(len(self.decoder.blocks))
+        recorders = [_EvictionRecorder(PruningHook(self.rule, stats, i)) for i in range(len(self.decoder.blocks))]
+
+        def attention(layer: int, attn, x: torch.Tensor) -> torch.Tensor:
+            q, k, v = attn.project(x)
+            out = attn.out(attn.backend(x, q, k, v).flatten(-2))  # the layer's own parallel path
+            key_state, carry = attn.backend.decode_prefill_state(x, q, k, lengths)
+            parts[layer].append((rows, lengths, k.transpose(1, 2), v.transpose(1, 2), key_state, carry,
+                                 recorders[layer]))
+            return out
+
+        if evicting:
+            with self.decoder.bias_hooks(lambda layer: recorders[layer]):
+                hidden = self.decoder.features_with(ids, attention)
+        else:
+            hidden = self.decoder.features_with(ids, attention)
+        if self.counter is not None:
+            self.counter.add_simulated(stats if evicting else None, int(lengths.sum()))
+        last = hidden[torch.arange(len(rows), device=ids.device), lengths - 1]  # (b, C)
+        return self.decoder.lm_head(last)
+
+    def _rule_can_evict(self) -> bool:
+        return self.rule.window is not None or self.rule.threshold > float("-inf")
+
+    # --- capacity -----------------------------------------------------------------------------------------
+    def reserve(self, steps: int, positions: int | None = None) -> None:
+        """Make room for `steps` more tokens per row without another check, and RoPE tables for `positions`
+        (default: steps) more positions. Resizes the cache (and drops a captured step) when needed; under an
+        eviction rule, also compacts a cache that is more than twice as large as needed."""
+        cache = self.cache
+        top = max(self.host_next) + max(steps, positions or 0)
+        self._check_length(top)
+        if top > self.limit:
+            self.limit = _round_up(max(top, 2 * self.limit) if self.limit else top, 256)
+            for block in self.decoder.blocks:
+                if block.attn.rope is not None:
+                    block.attn.rope.tables(self.limit, self.device)
+            self._invalidate()
+        needed = (max(self.host_next) if cache.append else cache.max_live()) + steps
+        too_big = not cache.append and cache.capacity > 2 * needed + SLOT_MULTIPLE
+        if needed > cache.capacity or too_big:
+            self._check_fits(_round_up(needed) - cache.capacity)
+            cache.resize(_round_up(needed))
+            self._invalidate()
+        self.reserved = steps
+
+    def _invalidate(self) -> None:
+        self._graph, self._warm = None, False
+
+    def _check_length(self, total: int) -> None:
+        if self.max_length is not None and total > self.max_length:
+            raise ValueError(f"{total} tokens (prompt + new tokens) exceed max_length={self.max_length}")
+
+    def _check_fits(self, extra_slots: int) -> None:
+        """On CUDA, refuse (clearly) a cache growth that cannot fit in the free device memory."""
+        if self.device.type != "cuda" or extra_slots <= 0:
+            return
+        sizes = self.cache.nbytes()
+        per_slot = sizes["total"] / self.cache.capacity
+        needed = per_slot * (self.cache.capacity + extra_slots)  # a resize holds the old and the new cache at once
+        free = torch.cuda.mem_get_info(self.device)[0]
+        if needed > free:
+            raise ValueError(f"the KV cache needs {needed / 2**30:.2f} GiB for {self.cache.capacity + extra_slots} "
+                             f"slots per head, but only {free / 2**30:.2f} GiB of device memory are free: use shorter "
+                             "prompts, fewer new tokens, a smaller batch, or eviction (prune_threshold)")
+
+    # --- cached attention ---------------------------------------------------------------------------------
+    def _attend(self, layer: int, attn, x: torch.Tensor, query_pos: torch.Tensor) -> torch.Tensor:
+        """One layer over the cache for n new tokens x (B, n, C) at query_pos (B, n); their keys join the cache."""
+        cache = self.cache.layers[layer]
+        B, n = query_pos.shape
+        q, k, v = attn.project_at(x, query_pos, self.limit)  # (B, n, H, D)
+        slots = query_pos[:, None, :].expand(B, attn.n_head, n) if self.cache.append else None
+        cache.write(k, v, query_pos, slots)
+        bias = attn.backend.decode_bias(x, q, k, query_pos, cache)  # (B, H or 1, n, S) or None
+        key_pos = cache.key_pos[:, :, None, :]  # (B, H, 1, S)
+        age = query_pos[:, None, :, None] - key_pos  # (B, H, n, S): t − s
+        visible = (key_pos != FREE) & (age >= 0)
+        if self.rule is not None:
+            rejected = self.rule.rejects(bias, age)
+            if rejected is not None:
+                evicted = rejected & visible & (age > 0)  # the newest key (age 0) is never dropped
+                if n > 1:  # a key rejected by one query of the piece is gone for the later ones
+                    evicted = evicted.to(torch.uint8).cummax(dim=2).values.bool()
+                visible = visible & ~evicted
+                cache.free(evicted[:, :, -1])
+        if self.counter is not None:
+            self.counter.add(layer, visible, query_pos)
+        out = cached_attention(q, cache.k, cache.v, bias, visible, attn.backend.scale)
+        return attn.out(out.flatten(-2))
+
+    @torch.no_grad()
+    def extend(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids (B, n): n more tokens per row through the cache -> their logits (B, n, V)."""
+        if self.cache is None:
+            raise RuntimeError("extend() needs a prefilled cache: call prefill() first")
+        n = ids.shape[1]
+        self.reserve(n)
+        query_pos = self.cache.next_pos[:, None] + torch.arange(n, device=self.device)
+        hidden = self.decoder.features_with(ids.to(self.device), lambda i, attn, x: self._attend(i, attn, x, query_pos))
+        self._advance(n)
+        return self.decoder.lm_head(hidden)
+
+    def _advance(self, n: int) -> None:
+        self.cache.next_pos += n
+        self.host_next = [p + n for p in self.host_next]
+        self.reserved -= n
+
+    # --- one token per row --------------------------------------------------------------------------------
+    def _step(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids (B,) -> logits (B, V), static shapes throughout (the body a CUDA graph captures)."""
+        query_pos = self.cache.next_pos[:, None].clone()  # (B, 1)
+        hidden = self.decoder.features_with(ids[:, None], lambda i, attn, x: self._attend(i, attn, x, query_pos))
+        self.cache.next_pos.add_(1)
+        return self.decoder.lm_head(hidden[:, 0])
+
+    @torch.no_grad()
+    def step(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids (B,): one token per row -> logits (B, V). With a CUDA graph the returned tensor is reused by the
+        next step: read it (or clone it) before stepping again."""
+        if self.cache is None:
+            raise RuntimeError("step() needs a prefilled cache: call prefill() first")
+        if self.reserved < 1:
+            self.reserve(self.check_every)
+        ids = ids.to(self.device)
+        if not self.cuda_graph:
+            logits = self.step_fn(ids)
+        elif self._graph is None and not self._warm:
+            logits = self._warm_step(ids)
+        else:
+            if self._graph is None:
+                self._capture(ids)
+            self._ids.copy_(ids)
+            self._graph.replay()
+            logits = self._logits
+        self.host_next = [p + 1 for p in self.host_next]
+        self.reserved -= 1
+        return logits
+
+    def _warm_step(self, ids: torch.Tensor) -> torch.Tensor:
+        """A real step on a side stream: lazy initialisation (and compilation) happens before any capture."""
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            logits = self.step_fn(ids)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        self._warm = True
+        return logits
+
+    def _capture(self, ids: torch.Tensor) -> None:
+        """Record one step (nothing runs during capture); replays then run it on the static input buffer."""
+        self._ids = ids.clone()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self._logits = self.step_fn(self._ids)
+        self._graph = graph
+
+    # --- what the cache holds -----------------------------------------------------------------------------
+    def stats(self) -> dict:
+        """kept_fraction (cached keys over keys seen, mean over layers, heads and rows), the cache's allocated bytes
+        ("cache_bytes", split into kv / state / positions), the bytes of the kept keys alone ("live_bytes"), the
+        capacity in slots, and the per-key state as a fraction of K/V bytes."""
+        sizes = self.cache.nbytes()
+        out = {"kept_fraction": self.cache.kept_fraction(), "cache_bytes": sizes["total"], "kv_bytes": sizes["kv"],
+               "state_bytes": sizes["state"], "position_bytes": sizes["positions"], "live_bytes": sizes["live"],
+               "capacity": self.cache.capacity, "state_fraction_of_kv": sizes["state"] / sizes["kv"]}
+        if self.counter is not None:
+            out["kept_per_query"] = self.counter.as_dict()
+        return out
+
+
+@torch.no_grad()
+def cached_token_losses(decoder: Decoder, ids: torch.Tensor, rule: PruneRule | None,
+                        piece: int = 64) -> tuple[torch.Tensor, DecodeSession]:
+    """ids (B, L + 1) -> next-token losses (B, L) in float32 computed through the KV cache, and its session (whose
+    ``stats()`` hold the kept fraction of every query): the first token is prefilled, the rest extended `piece`
+    tokens at a time, so every key the rule rejects is really evicted on the way (cache_prune's real mode)."""
+    session = DecodeSession(decoder, rule=rule, cuda_graph=False, track_kept=True)
+    L = ids.shape[1] - 1
+    losses = [_next_token_losses(session.prefill(list(ids[:, :1]))[:, None], ids[:, 1:2])]
+    for lo in range(1, L, piece):  # tokens lo..hi-1 predict lo+1..hi
+        hi = min(L, lo + piece)
+        losses.append(_next_token_losses(session.extend(ids[:, lo:hi]), ids[:, lo + 1 : hi + 1]))
+    return torch.cat(losses, dim=1), session
+
+
+def _next_token_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), targets.to(logits.device).flatten(),
+                                             reduction="none").view(targets.shape)
+
+
+def _assemble(B: int, T: int, parts: list) -> LayerCache:
+    """One layer's cache of capacity T from its prefill groups (rows, lengths, k, v, key state, carry, recorder)."""
+    _, _, k0, _, state0, carry0, _ = parts[0]
+    H = k0.shape[1]
+    k = k0.new_zeros(B, H, T, k0.shape[-1])
+    v = torch.zeros_like(k)
+    key_pos = torch.full((B, H, T), FREE, dtype=torch.int32, device=k0.device)
+    state = {name: s.new_zeros(B, s.shape[1], T, *s.shape[3:]) for name, s in state0.items()}
+    carry = {name: c.new_zeros(B, *c.shape[1:]) for name, c in carry0.items()}
+    positions = torch.arange(T, device=k0.device, dtype=torch.int32)
+    for rows, lengths, k_g, v_g, state_g, carry_g, recorder in parts:
+        L = k_g.shape[2]
+        k[rows, :, :L], v[rows, :, :L] = k_g, v_g
+        held = (positions[:L][None, :] < lengths[:, None])[:, None, :]  # (b, 1, L)
+        pos = torch.where(held, positions[:L], FREE).expand(-1, H, -1)
+        if recorder.evicted is not None:  # keys the rule dropped during the prompt
+            pos = pos.masked_fill(recorder.evicted.expand(-1, H, -1), FREE)
+        key_pos[rows, :, :L] = pos
+        for name, s in state_g.items():
+            state[name][rows, :, :L] = s
+        for name, c in carry_g.items():
+            carry[name][rows] = c
+    return LayerCache(k, v, key_pos, state, carry)

@@ -1,0 +1,58 @@
+"""eval.py's generation pieces on tiny checkpoints: --task generate, cache_prune --real-eviction, passkey through
+the pruned KV cache."""
+import json
+
+import pytest
+
+from eval import main
+
+FAST = ["--n-boot", "200"]
+
+
+def run(tmp_path, name, *argv):
+    with open(main([*argv, "--out", str(tmp_path / name), *FAST])) as f:
+        return json.load(f)
+
+
+def test_generate_prints_the_continuation_and_its_speed(tmp_path, ckpts, capsys):
+    r = run(tmp_path, "gen", "--task", "generate", "--ckpt", ckpts["fpa"], "--compare", ckpts["fox"],
+            "--prompt", "And God said", "In the beginning God created", "--max-new-tokens", "5",
+            "--prune-threshold", "-1")
+    out = capsys.readouterr().out
+    assert out.count("continuation: ") == 4 and "ms/step" in out and "kept fraction" in out
+    for model in r["results"]["models"]:
+        assert [len(ids) for ids in model["new_token_ids"]] == [5, 5]  # random tiny models never say </s> here
+        assert 0 < model["stats"]["kept_fraction"] <= 1 and model["stats"]["cache_bytes"] > 0
+    assert r["results"]["settings"]["prune_threshold"] == -1.0
+
+
+def test_cache_prune_real_eviction_matches_the_simulation(tmp_path, ckpts):
+    r = run(tmp_path, "cp", "--task", "cache_prune", "--ckpt", ckpts["fpa"], "--compare", ckpts["sdpa"],
+            "--lengths", "80", "--thresholds", "-2", "--passkey-lengths", "--max-docs", "2", "--real-eviction")
+    (entry,) = r["results"]["lengths"]
+    for model in entry["models"]:
+        (row,) = model["rules"]
+        real = row["real_eviction"]
+        assert real["kept_fraction"] == pytest.approx(row["kept_fraction"], abs=1e-5) and real["kept_fraction"] < 1
+        assert real["max_abs_difference_from_simulation"] < 1e-4  # float32 rounding only
+        assert real["loss"]["estimate"] == pytest.approx(row["loss"]["estimate"], abs=1e-4)
+
+
+def test_passkey_through_the_pruned_cache(tmp_path, ckpts):
+    r = run(tmp_path, "pk", "--task", "passkey", "--ckpt", ckpts["fpa"], "--compare", ckpts["sdpa"],
+            "--lengths", "128", "--trials", "2", "--prune-threshold", "-10", "--window", "32")
+    assert r["results"]["scorer"] == "greedy decoding, pruned KV cache"
+    fpa, sdpa = r["results"]["lengths"][0]["models"]
+    assert fpa["rule"] == {"threshold": -10.0} and sdpa["rule"] == {"window": 32}
+    assert fpa["n"] == sdpa["n"] == 2 and 0 < sdpa["kept_fraction"] < 1
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--task", "generate"], "needs --prompt"),
+    (["--task", "passkey", "--prompt", "x"], "--prompt does not apply to --task passkey"),
+    (["--task", "passkey", "--prune-threshold", "-10"], "needs --window"),
+])
+def test_generation_options_are_checked(ckpts, capsys, argv, message):
+    with pytest.raises(SystemExit):
+        main([*argv, "--ckpt", ckpts["sdpa"]])
+    assert message in capsys.readouterr().err

@@ -1,14 +1,10 @@
 """Prompts with a fixed answer (RULER- and BABILong-style tasks): the item, how it is assembled from separately
 tokenised pieces, how the model's answer is read, and RULER's string-match metric.
 
-Reading the answer. ``predict`` returns the start of the model's greedy continuation of the prompt. Until a
-KV-cache generator is available it comes from one teacher-forced pass: at each answer position the argmax given
-the prompt and the canonical answer's earlier tokens is what greedy decoding emits as long as every earlier
-argmax equalled the canonical token. So the greedy output is known exactly up to and including the first token
-that differs from the canonical answer, and ``predict`` returns that prefix. Scoring it with the string match
-gives a lower bound on the score of a full greedy generation (text the model would write after the divergence
-is not seen), exact whenever the canonical answer is reproduced. Replacing ``predict`` by real generation
-changes nothing else.
+Reading the answer. ``predict`` decodes the model's greedy continuation of the prompt through the KV cache
+(``fpa_lightning.generation``: the prompt is prefilled by the parallel forward, then one cached step per token),
+as many tokens as the canonical answer has plus ``ANSWER_SLACK``, stopping at EOS; RULER's string match is then
+applied to that text, so references named in any order count.
 
 Assembly. Pieces are tokenised separately, each as it reads after a space (see ``evaluation.passkey``: with the
 Mistral tokenizer this equals tokenising the text joined by spaces), and a haystack is filled with whole units
@@ -23,6 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from fpa_lightning.generation import generate
 from fpa_lightning.model import Decoder
 
 
@@ -40,10 +37,6 @@ class PromptItem:
     @property
     def tokens(self) -> int:
         return len(self.prompt) + len(self.answer)
-
-    def input_ids(self) -> torch.Tensor:
-        """(L,) the prompt followed by all answer tokens but the last (teacher forcing)."""
-        return torch.tensor(self.prompt + self.answer[:-1], dtype=torch.long)
 
 
 class PieceEncoder:
@@ -91,26 +84,24 @@ def insert_at_depths(units: list[list[int]], inserts: list[list[int]],
     return tokens, offsets
 
 
+ANSWER_SLACK = 16  # tokens generated beyond the canonical answer's length (a short preamble, another order)
+
+
 @dataclass(frozen=True)
 class Prediction:
-    text: str  # the decoded start of the greedy continuation
+    text: str  # the decoded greedy continuation
     tokens: list[int]
-    reproduced: bool  # the canonical answer itself (then the string match is exact)
+    reproduced: bool  # it starts with the canonical answer
 
 
 @torch.no_grad()
-def predict(decoder: Decoder, item: PromptItem, encoder: PieceEncoder, device: torch.device) -> Prediction:
-    """The start of the greedy continuation of ``item.prompt`` (see the module doc), from one forward pass; only
-    the answer positions are projected onto the vocabulary. Run it under the task's autocast."""
-    ids = item.input_ids().to(device)[None]  # (1, L)
-    hidden = decoder.features(ids)[:, len(item.prompt) - 1:]  # (1, m, C): the positions predicting the answer
-    greedy = decoder.lm_head(hidden)[0].float().argmax(-1).tolist()  # (m,)
-    tokens = []
-    for guess, expected in zip(greedy, item.answer):
-        tokens.append(guess)
-        if guess != expected:
-            break
-    return Prediction(encoder.decode(tokens), tokens, tokens == item.answer)
+def predict(decoder: Decoder, item: PromptItem, encoder: PieceEncoder, eos_id: int | None) -> Prediction:
+    """The greedy continuation of ``item.prompt`` through the KV cache, len(answer) + ANSWER_SLACK tokens at most,
+    ending at EOS. Run it under the task's autocast."""
+    prompt = torch.tensor(item.prompt, device=next(decoder.parameters()).device)
+    ids = generate(decoder, [prompt], len(item.answer) + ANSWER_SLACK, eos_id=eos_id)[0]
+    tokens = [t for t in ids[len(item.prompt):].tolist() if t != eos_id]
+    return Prediction(encoder.decode(tokens), tokens, tokens[:len(item.answer)] == item.answer)
 
 
 def string_match_all(prediction: str, references: Sequence[str]) -> float:

@@ -10,8 +10,8 @@ Conventions (those of the harness's Hugging Face model, adapted to how these mod
 * Inputs longer than ``max_length`` keep their last ``max_length`` tokens (left truncation); rolling
   log-likelihoods use the harness's disjoint windows of ``max_length`` tokens.
 * A batch is right-padded: the model is causal, so padding after a sequence does not change its outputs.
-* ``generate_until`` is greedy; it re-runs the prompt for each new token (no KV cache yet), which is fine for the
-  short answers of the standard tasks; ``greedy_tokens`` is the one place a cached generator will replace.
+* ``generate_until`` is greedy, through the KV cache (``fpa_lightning.generation.DecodeSession``), checking the
+  stop strings after every token.
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from lm_eval.api.model import LM
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from fpa_lightning.evaluation.progress import Progress, Work
+from fpa_lightning.generation import DecodeSession
 from fpa_lightning.evaluation.scoring import Runtime
 from fpa_lightning.model import Decoder
 
@@ -57,18 +58,17 @@ def continuation_logprobs(decoder: Decoder, pairs: Sequence[tuple[list[int], lis
 
 
 @torch.no_grad()
-def greedy_tokens(decoder: Decoder, prompt: list[int], max_new_tokens: int, max_length: int, runtime: Runtime,
-                  stop) -> list[int]:
-    """Greedy continuation of ``prompt`` until ``stop(tokens)`` is true or max_new_tokens; one full forward pass per
-    token on the last max_length tokens."""
+def greedy_tokens(decoder: Decoder, prompt: list[int], max_new_tokens: int, runtime: Runtime, stop) -> list[int]:
+    """Greedy continuation of ``prompt`` through the KV cache until ``stop(tokens)`` is true or max_new_tokens."""
+    session = DecodeSession(decoder)
     tokens: list[int] = []
-    for _ in range(max_new_tokens):
-        ids = torch.tensor([(prompt + tokens)[-max_length:]], device=runtime.device)  # (1, L)
-        with runtime.autocast():
-            hidden = decoder.features(ids)[:, -1]  # (1, C)
-        tokens.append(int(decoder.lm_head(hidden).float().argmax(-1)))
-        if stop(tokens):
-            break
+    with runtime.autocast():
+        logits = session.prefill([torch.tensor(prompt, device=runtime.device)], max_new_tokens)  # (1, V)
+        while len(tokens) < max_new_tokens:
+            tokens.append(int(logits.argmax(-1)))
+            if stop(tokens) or len(tokens) == max_new_tokens:
+                break
+            logits = session.step(torch.tensor([tokens[-1]], device=runtime.device))
     return tokens
 
 
@@ -137,8 +137,8 @@ class DecoderLM(LM):
                 def stop(tokens: list[int]) -> bool:
                     return tokens[-1] == self.eos_id or any(s in self.tokenizer.decode(tokens) for s in until)
 
-                tokens = greedy_tokens(self.decoder, prompt, int(kwargs.get("max_gen_toks", DEFAULT_MAX_GEN_TOKS)),
-                                       self.max_length, self.runtime, stop)
+                tokens = greedy_tokens(self.decoder, prompt[-self.max_length:],
+                                       int(kwargs.get("max_gen_toks", DEFAULT_MAX_GEN_TOKS)), self.runtime, stop)
                 text = self.tokenizer.decode([t for t in tokens if t != self.eos_id])
                 for s in until:
                     text = text.split(s)[0]

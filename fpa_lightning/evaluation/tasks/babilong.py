@@ -27,8 +27,8 @@ def babilong(models: list[LoadedModel], runtime: Runtime, data: EvalData, patter
     """Every pattern at every length, n_items each, in the data's test documents."""
     texts = data.texts(max_docs)
     builder = BabilongBuilder(data.tokenizer, data.bos_id, texts)
-    output = run_generated("babilong", models, runtime, builder.encode, builder.items, patterns, lengths, n_items,
-                           "--qa")
+    output = run_generated("babilong", models, runtime, builder.encode, data.eos_id, builder.items, patterns,
+                           lengths, n_items, "--qa")
     output.results["book_documents"] = len(texts)
     return output
 

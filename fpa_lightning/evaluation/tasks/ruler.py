@@ -32,8 +32,8 @@ def ruler(models: list[LoadedModel], runtime: Runtime, data: EvalData, tasks: li
     documents."""
     texts = data.texts(max_docs) if BOOK_TASKS.intersection(tasks) else None
     builder = RulerBuilder(data.tokenizer, data.bos_id, texts)
-    output = run_generated("ruler", models, runtime, builder.encode, builder.items, tasks, lengths, n_items,
-                           "--ruler-tasks")
+    output = run_generated("ruler", models, runtime, builder.encode, data.eos_id, builder.items, tasks, lengths,
+                           n_items, "--ruler-tasks")
     output.results["book_documents"] = len(texts) if texts else 0
     return output
 

@@ -14,37 +14,38 @@ from collections.abc import Callable
 import matplotlib.pyplot as plt
 import numpy as np
 
-from fpa_lightning.evaluation.answers import PieceEncoder, Prediction, PromptItem, predict, string_match_all
+from fpa_lightning.evaluation.answers import (ANSWER_SLACK, PieceEncoder, Prediction, PromptItem, predict,
+                                              string_match_all)
 from fpa_lightning.evaluation.checkpoint import LoadedModel
 from fpa_lightning.evaluation.progress import Work, start
 from fpa_lightning.evaluation.scoring import Runtime, check_vocab
 from fpa_lightning.evaluation.stats import clopper_pearson, mcnemar_exact
 from fpa_lightning.evaluation.tasks.common import TaskOutput, intervals, label
 
-SCORING = ("teacher-forced greedy: the model's greedy continuation is known up to and including its first token "
-           "that differs from the canonical answer; RULER's string match (fraction of references found, "
-           "case-insensitive) on that text. A lower bound on the score of a full greedy generation, exact when "
-           "the canonical answer is reproduced.")
+SCORING = (f"greedy generation through the KV cache, up to the canonical answer's length + {ANSWER_SLACK} tokens "
+           "or EOS; RULER's string match (the fraction of references found, case-insensitive) on that text")
 
 Group = tuple[str, int, list[PromptItem]]  # (task, length, items)
 
 
-def run_generated(name: str, models: list[LoadedModel], runtime: Runtime, encoder: PieceEncoder,
+def run_generated(name: str, models: list[LoadedModel], runtime: Runtime, encoder: PieceEncoder, eos_id: int,
                   make_items: Callable[[str, int, int, int], list[PromptItem]], tasks: list[str], lengths: list[int],
                   n_items: int, tasks_option: str) -> TaskOutput:
     """Build ``make_items(task, length, n, seed)`` for every task and length, score them and summarise."""
     print(f"{name}: building {len(tasks) * len(lengths) * n_items} prompts ({len(tasks)} tasks, {len(lengths)} "
           f"lengths, {n_items} each)", file=sys.stderr, flush=True)
-    groups = [(task, length, make_items(task, length, n_items, runtime.seed)) for length in lengths for task in tasks]
+    groups = [(task, length, make_items(task, length, n_items, runtime.seed))
+              for length in lengths for task in tasks]
     shorten = (f"fewer --trials (now {n_items}), --lengths (now {' '.join(map(str, lengths))}) or {tasks_option} "
                f"(now {len(tasks)})")
-    output = summarize(name, models, runtime, groups, score_groups(name, models, runtime, encoder, groups, shorten))
+    predictions = score_groups(name, models, runtime, encoder, eos_id, groups, shorten)
+    output = summarize(name, models, runtime, groups, predictions)
     output.results.update({"tasks_run": tasks, "lengths": lengths, "items_per_task": n_items})
     return output
 
 
-def score_groups(name: str, models: list[LoadedModel], runtime: Runtime, encoder: PieceEncoder, groups: list[Group],
-                 shorten: str) -> list[list[list[Prediction]]]:
+def score_groups(name: str, models: list[LoadedModel], runtime: Runtime, encoder: PieceEncoder, eos_id: int,
+                 groups: list[Group], shorten: str) -> list[list[list[Prediction]]]:
     """predictions[g][i]: model i's predictions on the items of group g, behind one progress bar."""
     for m in models:
         check_vocab(m.decoder, max(max(it.prompt + it.answer) for _, _, items in groups for it in items))
@@ -59,7 +60,7 @@ def score_groups(name: str, models: list[LoadedModel], runtime: Runtime, encoder
             predictions = []
             with runtime.autocast():
                 for it in items:
-                    predictions.append(predict(m.decoder, it, encoder, runtime.device))
+                    predictions.append(predict(m.decoder, it, encoder, eos_id))
                     bar.advance(it.tokens, i)
             per_model.append(predictions)
         out.append(per_model)

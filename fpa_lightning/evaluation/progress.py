@@ -23,24 +23,26 @@ from fpa_lightning.model import Decoder
 
 @dataclass(frozen=True)
 class CostModel:
-    """Seconds of scoring one input of T tokens ≈ linear · T + quadratic · T² (projections and MLPs grow with T,
-    attention with T²), fitted to two timed forward passes."""
+    """Seconds of scoring one input of T tokens ≈ constant + linear · T + quadratic · T² (a fixed cost per item such
+    as decoding an answer; projections and MLPs grow with T, attention with T²), fitted to timed passes."""
 
     linear: float
     quadratic: float
+    constant: float = 0.0
 
     def seconds(self, tokens: int) -> float:
-        return self.linear * tokens + self.quadratic * tokens * tokens
+        return self.constant + self.linear * tokens + self.quadratic * tokens * tokens
 
     @staticmethod
-    def fit(short: int, short_s: float, long: int, long_s: float) -> CostModel:
-        """The model through (short, short_s) and (long, long_s), both coefficients kept ≥ 0 (timing noise can
-        make the exact solution negative)."""
+    def fit(short: int, short_s: float, long: int, long_s: float, constant: float = 0.0) -> CostModel:
+        """The model through (short, short_s) and (long, long_s) with the given constant, the coefficients kept
+        ≥ 0 (timing noise can make the exact solution negative)."""
+        short_s, long_s = max(0.0, short_s - constant), max(0.0, long_s - constant)
         quadratic = max(0.0, (long_s / long - short_s / short) / (long - short))
         linear = max(0.0, short_s / short - quadratic * short)
         if linear == 0.0 and quadratic == 0.0:
             linear = long_s / long
-        return CostModel(linear, quadratic)
+        return CostModel(linear, quadratic, constant)
 
 
 def _synchronize(device: torch.device) -> None:
@@ -50,7 +52,8 @@ def _synchronize(device: torch.device) -> None:
 
 @torch.no_grad()
 def calibrate(decoder: Decoder, length: int, score: Callable[[Decoder, torch.Tensor], object]) -> CostModel:
-    """Time ``score(decoder, ids)`` on random ids (1, L) at L = length / 2 and length, after a tiny warm-up."""
+    """Time ``score(decoder, ids)`` on random ids (1, L) at L = 16 (the constant), length / 2 and length, after a
+    warm-up at 16."""
     device = next(decoder.parameters()).device
     short = max(2, length // 2)
 
@@ -62,8 +65,9 @@ def calibrate(decoder: Decoder, length: int, score: Callable[[Decoder, torch.Ten
         _synchronize(device)
         return time.perf_counter() - start
 
-    seconds(min(16, length))  # first-call costs (allocator, kernel selection) stay out of the fit
-    return CostModel.fit(short, seconds(short), length, seconds(length))
+    tiny = min(16, short)
+    seconds(tiny)  # first-call costs (allocator, kernel selection) stay out of the fit
+    return CostModel.fit(short, seconds(short), length, seconds(length), constant=seconds(tiny))
 
 
 def format_seconds(seconds: float) -> str:
@@ -171,6 +175,8 @@ def start(label: str, decoders: list[Decoder], work: list[Work], score: Callable
           shorten: str, unit: str = "items") -> Progress:
     """Calibrate each model with ``score`` (the forward the task runs) at min(2048, its shortest item), announce the
     plan and return the task's progress bar."""
+    if not any(len(w.lengths) for w in work):
+        return Progress(label, work, unit=unit)
     shortest = min(min(w.lengths) for w in work if len(w.lengths))
     costs = [calibrate(d, min(2048, shortest), score) for d in decoders]
     device = next(decoders[0].parameters()).device

@@ -46,8 +46,9 @@ def test_progress_bar_lines_and_estimate(capsys):
     bar.advance(100, 1)
     bar.close()
     assert "3/3 prompts" in capsys.readouterr().err
-    fit = CostModel.fit(1000, 2.0, 2000, 6.0)  # 1e-3·T + 1e-6·T²
-    assert fit.linear == pytest.approx(1e-3) and fit.quadratic == pytest.approx(1e-6)
+    fit = CostModel.fit(1000, 2.5, 2000, 6.5, constant=0.5)  # 0.5 + 1e-3·T + 1e-6·T²
+    assert fit.linear == pytest.approx(1e-3) and fit.quadratic == pytest.approx(1e-6) and fit.constant == 0.5
+    assert fit.seconds(4000) == pytest.approx(0.5 + 4 + 16)
 
 
 def edited_checkpoint(source, path, model=None, datamodule=None):

@@ -21,11 +21,13 @@ from fpa_lightning.evaluation.progress import Work, start
 from fpa_lightning.evaluation.scoring import Runtime, check_vocab
 from fpa_lightning.evaluation.stats import clopper_pearson, mcnemar_exact
 from fpa_lightning.evaluation.tasks.common import TaskOutput, intervals, label
+from fpa_lightning.generation import generate
 
 SCORING = (f"greedy generation through the KV cache, up to the canonical answer's length + {ANSWER_SLACK} tokens "
            "or EOS; RULER's string match (the fraction of references found, case-insensitive) on that text")
 
 Group = tuple[str, int, list[PromptItem]]  # (task, length, items)
+CALIBRATION_ANSWER_TOKENS = 32  # decoding steps timed per item for the estimate (answers take 1-40 tokens, + slack)
 
 
 def run_generated(name: str, models: list[LoadedModel], runtime: Runtime, encoder: PieceEncoder, eos_id: int,
@@ -50,7 +52,11 @@ def score_groups(name: str, models: list[LoadedModel], runtime: Runtime, encoder
     for m in models:
         check_vocab(m.decoder, max(max(it.prompt + it.answer) for _, _, items in groups for it in items))
     sizes = [it.tokens for _, _, items in groups for it in items]
-    bar = start(name, [m.decoder for m in models], [Work(i, sizes) for i in range(len(models))], runtime.features,
+    def answer(decoder, ids):  # what one item costs: the prompt's prefill and a typical answer's decoding
+        with runtime.autocast():
+            return generate(decoder, ids, CALIBRATION_ANSWER_TOKENS)
+
+    bar = start(name, [m.decoder for m in models], [Work(i, sizes) for i in range(len(models))], answer,
                 shorten, unit="prompts")
     out = []
     for task, length, items in groups:

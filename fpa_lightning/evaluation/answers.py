@@ -91,7 +91,6 @@ ANSWER_SLACK = 16  # tokens generated beyond the canonical answer's length (a sh
 class Prediction:
     text: str  # the decoded greedy continuation
     tokens: list[int]
-    reproduced: bool  # it starts with the canonical answer
 
 
 @torch.no_grad()
@@ -101,7 +100,7 @@ def predict(decoder: Decoder, item: PromptItem, encoder: PieceEncoder, eos_id: i
     prompt = torch.tensor(item.prompt, device=next(decoder.parameters()).device)
     ids = generate(decoder, [prompt], len(item.answer) + ANSWER_SLACK, eos_id=eos_id)[0]
     tokens = [t for t in ids[len(item.prompt):].tolist() if t != eos_id]
-    return Prediction(encoder.decode(tokens), tokens, tokens[:len(item.answer)] == item.answer)
+    return Prediction(encoder.decode(tokens), tokens)
 
 
 def string_match_all(prediction: str, references: Sequence[str]) -> float:

@@ -1,7 +1,7 @@
 """What a long evaluation tells its user: an estimate before it starts and a progress bar while it runs.
 
 Before any work, ``announce`` prints how many items and tokens a task will score and how long that should take,
-estimated from two timed forward passes (``calibrate``), and, when that is more than a minute, how to shorten it.
+estimated from timed passes (``calibrate``), and, when that is more than a minute, how to shorten it.
 While it runs, ``Progress`` shows items done, tokens per second, elapsed time and the remaining time. Items of
 different lengths cost differently (attention grows quadratically), so the remaining time is computed from the
 same cost model as the estimate, not from a count of items.
@@ -164,7 +164,7 @@ def announce(label: str, work: list[Work], costs: list[CostModel], device: torch
     tokens = sum(sum(w.lengths) for w in work)
     estimate = sum(costs[w.model].seconds(n) for w in work for n in w.lengths)
     message = (f"{label}: {items} {unit}, {format_count(tokens)} tokens; estimated {format_seconds(estimate)} on "
-               f"{device.type} (from two timed forward passes)")
+               f"{device.type} (from timed passes on it)")
     if estimate > 60 and shorten:
         message += f"; shorter: {shorten}"
     print(message, file=sys.stderr, flush=True)

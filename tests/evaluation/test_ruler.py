@@ -145,9 +145,9 @@ def test_predict_is_greedy_decoding(ckpts, tokenizer):
     encoder = PieceEncoder(tokenizer)
     prompt = [1, *encoder("The sky is blue. The grass is")]
     greedy = greedy_decode(decoder, prompt, 3 + ANSWER_SLACK)
-    for answer, reproduced in ((greedy[:3], True), (greedy[:2] + [greedy[2] + 1], False)):
+    for answer in (greedy[:3], greedy[:2] + [greedy[2] + 1]):  # the canonical answer sets only the length
         p = predict(decoder, PromptItem("t", 64, prompt, answer, ("x",)), encoder, eos_id=None)
-        assert p.tokens == greedy and p.reproduced == reproduced and p.text == tokenizer.decode(greedy)
+        assert p.tokens == greedy and p.text == tokenizer.decode(greedy)
     eos = greedy[1]  # generation ends at the first EOS, which is left out
     p = predict(decoder, PromptItem("t", 64, prompt, greedy[:3], ("x",)), encoder, eos_id=eos)
     assert p.tokens == greedy[:greedy.index(eos)]

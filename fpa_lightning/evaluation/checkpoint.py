@@ -9,7 +9,7 @@ and works the same for any LightningModule that follows the contract.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -28,10 +28,21 @@ class LoadedModel:
     path: str
     decoder: Decoder
     global_step: int | None
+    tokenizer: str | None = None
+    """The data module's ``tokenizer`` hyper-parameter at training time (None: the offline Mistral tokenizer)."""
+    impl_note: str | None = None
+    """Why the attention implementation differs from the checkpoint's (a fused checkpoint on a CPU)."""
+    training: dict = field(default_factory=dict)
+    """The checkpoint's hyper-parameters: ``hyper_parameters`` and ``datamodule_hyper_parameters``."""
 
     @property
     def backend(self) -> str:
         return self.decoder.cfg.attention.backend
+
+    @property
+    def impl_at_training(self) -> str | None:
+        """The attention implementation the checkpoint's config asked for."""
+        return ((self.training.get("hyper_parameters") or {}).get("model") or {}).get("attention", {}).get("impl")
 
     def describe(self, device: torch.device) -> dict:
         """What the JSON result records about this checkpoint."""
@@ -40,8 +51,11 @@ class LoadedModel:
             "path": os.path.abspath(self.path),
             "backend": attention.backend,
             "positional": attention.positional,
+            "impl_at_training": self.impl_at_training,
             "impl_requested": attention.impl,
             "impl_per_layer": self.decoder.attention_impls(device),
+            "impl_note": self.impl_note,
+            "tokenizer_at_training": self.tokenizer or "offline Mistral-7B v0.1 (default)",
             "global_step": self.global_step,
             "parameters": self.decoder.num_parameters(),
             "max_seq_len": self.decoder.cfg.max_seq_len,
@@ -50,7 +64,9 @@ class LoadedModel:
 
 def load_decoder(path: str, device: torch.device, impl: str | None = None) -> LoadedModel:
     """The Decoder of a checkpoint, in eval mode on ``device``; ``impl`` overrides the attention implementation
-    (e.g. ``chunked`` to run a GPU-trained checkpoint on a CPU). Raises CheckpointError with the reason."""
+    (e.g. ``naive`` to check a result against the reference). A checkpoint trained with ``impl: fused`` runs the
+    chunked path where the fused kernel cannot run (a CPU), and ``impl_note`` says so. Raises CheckpointError
+    with the reason."""
     if not os.path.isfile(path):
         raise CheckpointError(f"checkpoint {path!r} does not exist")
     try:
@@ -59,13 +75,12 @@ def load_decoder(path: str, device: torch.device, impl: str | None = None) -> Lo
     except Exception as err:  # torch raises several types for a corrupt / foreign file
         raise CheckpointError(f"cannot read checkpoint {path!r}: {type(err).__name__}: {err}") from err
     model_hparams = _model_hparams(ckpt, path)
-    if impl is not None:
-        model_hparams = {**model_hparams, "attention": {**dict(model_hparams.get("attention") or {}), "impl": impl}}
-    try:
-        cfg = ModelConfig(**model_hparams)
-    except (TypeError, ValueError) as err:
-        raise CheckpointError(f"checkpoint {path!r}: invalid model hyper-parameters: {err}") from err
-    decoder = Decoder(cfg)
+    cfg = _config(model_hparams, impl, path)
+    decoder, note = Decoder(cfg), None
+    if impl is None and cfg.attention.impl == "fused" and not _can_run(decoder, device):
+        decoder = Decoder(_config(model_hparams, "chunked", path))
+        note = (f"trained with impl=fused, which needs a CUDA GPU: the chunked path runs on {device.type} "
+                "(the same function, block-wise in PyTorch; --impl naive runs the reference)")
     weights = {k[len(PREFIX):]: v for k, v in ckpt["state_dict"].items() if k.startswith(PREFIX)}
     missing, unexpected = decoder.load_state_dict(weights, strict=False)
     # tied embeddings store lm_head.weight too (same tensor); any other mismatch means a different model
@@ -73,7 +88,28 @@ def load_decoder(path: str, device: torch.device, impl: str | None = None) -> Lo
         raise CheckpointError(f"checkpoint {path!r} does not match its ModelConfig: missing {missing}, "
                               f"unexpected {unexpected}")
     decoder.attention_impls(device)  # raises now (not mid-task) when the implementation cannot run there
-    return LoadedModel(path, decoder.to(device).eval(), ckpt.get("global_step"))
+    datamodule = ckpt.get("datamodule_hyper_parameters") or {}
+    training = {"hyper_parameters": ckpt.get("hyper_parameters") or {}, "datamodule_hyper_parameters": datamodule,
+                "attention_impls": ckpt.get("attention_impls")}
+    return LoadedModel(path, decoder.to(device).eval(), ckpt.get("global_step"), datamodule.get("tokenizer"), note,
+                       training)
+
+
+def _config(model_hparams: dict, impl: str | None, path: str) -> ModelConfig:
+    if impl is not None:
+        model_hparams = {**model_hparams, "attention": {**dict(model_hparams.get("attention") or {}), "impl": impl}}
+    try:
+        return ModelConfig(**model_hparams)
+    except (TypeError, ValueError) as err:
+        raise CheckpointError(f"checkpoint {path!r}: invalid model hyper-parameters: {err}") from err
+
+
+def _can_run(decoder: Decoder, device: torch.device) -> bool:
+    try:
+        decoder.attention_impls(device)
+    except RuntimeError:  # a fused kernel without a GPU
+        return False
+    return True
 
 
 def _model_hparams(ckpt: object, path: str) -> dict:

@@ -5,6 +5,7 @@ The data come from outside the core: ``main`` takes a factory that builds an ``E
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import sys
@@ -14,8 +15,9 @@ from collections.abc import Callable
 import torch
 
 from fpa_lightning.config import IMPLS
-from fpa_lightning.evaluation.checkpoint import CheckpointError, load_decoder
+from fpa_lightning.evaluation.checkpoint import CheckpointError, LoadedModel, load_decoder
 from fpa_lightning.evaluation.data import EvalData
+from fpa_lightning.export import load_hf, model_card, save_hf
 from fpa_lightning.evaluation.report import write_outputs
 from fpa_lightning.evaluation.scoring import Runtime
 from fpa_lightning.evaluation.tasks import TASKS
@@ -31,24 +33,30 @@ def build_parser() -> argparse.ArgumentParser:
         + "\n".join(f"  {name:12s} {task.description}" for name, task in TASKS.items()),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--task", required=True, choices=sorted(TASKS), help="which evaluation to run")
+    p.add_argument("--task", choices=sorted(TASKS), help="which evaluation to run")
+    p.add_argument("--export", choices=("hf",), help="instead of a task: write the checkpoint as safetensors + "
+                   "config.json + model card (README.md) + tokenizer.json into --out")
     p.add_argument("--ckpt", required=True, help="Lightning checkpoint of model A")
     p.add_argument("--compare", metavar="CKPT_B", help="checkpoint of model B: same items, paired differences A − B")
     p.add_argument("--data", help="local data: folder (PG-19 / SlimPajama layout), file or glob of "
                    ".jsonl/.jsonl.gz/.jsonl.zst/.parquet with a 'text' field (default: the offline corpus's test split)")
     p.add_argument("--out", help="output folder for the JSON and PNGs (default: eval_results/<task>-<ckpt name>)")
     p.add_argument("--tensorboard", metavar="LOGDIR", help="also log scalars and figures to TensorBoard here")
-    p.add_argument("--impl", choices=IMPLS, help="override the attention implementation (e.g. chunked on a CPU "
-                   "for a GPU-trained checkpoint); cache_prune always runs chunked")
+    p.add_argument("--tokenizer", help="tokenizer.json (or SentencePiece .model) for prompts and data (default: "
+                   "the one the checkpoint was trained with, recorded in it)")
+    p.add_argument("--impl", choices=IMPLS, help="override the attention implementation (default: the checkpoint's; "
+                   "a fused checkpoint runs chunked on a CPU); cache_prune always runs chunked")
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
     p.add_argument("--precision", choices=("32", "bf16"), default="32", help="bf16 = autocast; losses stay float32")
     p.add_argument("--seed", type=int, default=0, help="seed of pass-key prompts and bootstrap resampling")
     p.add_argument("--n-boot", type=int, default=10_000, help="bootstrap resamples")
     p.add_argument("--confidence", type=float, default=0.95, help="interval confidence level")
-    p.add_argument("--max-docs", type=int, help="at most this many documents / sequences")
-    p.add_argument("--trials", type=int, help="pass-key trials per length (default 100)")
+    p.add_argument("--max-docs", type=int, help="at most this many documents / sequences (ruler, babilong: "
+                   "documents read for the book haystack, default 16)")
+    p.add_argument("--trials", type=int, help="passkey: trials per length; ruler, babilong: items per task and "
+                   "length (default 100)")
     p.add_argument("--lengths", type=int, nargs="+", help="passkey: prompt lengths (default 3072 4096 8192 16384); "
-                   "cache_prune: evaluation lengths (default 2048 8192)")
+                   "cache_prune: evaluation lengths (default 2048 8192); ruler, babilong: default 4096 8192 16384")
     p.add_argument("--max-len", type=int, help="pg19_long: tokens scored per book (default 16384)")
     p.add_argument("--buckets", type=int, nargs="+", help="pg19_long: position bucket edges (default: 0 and "
                    "powers of two from ~max_len/64 up to max_len)")
@@ -70,6 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def check_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    if (args.task is None) == (args.export is None):
+        parser.error("give one of --task TASK or --export hf")
+    if args.export is not None:
+        if args.out is None or args.compare is not None:
+            parser.error("--export hf writes one checkpoint (--ckpt) into --out DIR; --out is required")
+        return
     for option in TASK_SPECIFIC_OPTIONS:
         if getattr(args, option) is not None and option not in TASKS[args.task].options:
             users = sorted(name for name, task in TASKS.items() if option in task.options)
@@ -107,27 +121,93 @@ def resolve_device(name: str) -> torch.device:
 
 def settings(args: argparse.Namespace) -> dict:
     """Every option as given (None = the task's default, resolved values are in the results)."""
-    skip = {"task", "ckpt", "compare", "data", "out", "tensorboard"}
+    skip = {"task", "ckpt", "compare", "data", "out", "tensorboard", "export"}
     return {k: v for k, v in vars(args).items() if k not in skip}
 
 
-def main(argv: list[str] | None, data_factory: Callable[[str | None], EvalData]) -> str:
-    """Run one evaluation; returns the JSON path. ``data_factory(--data)`` builds the task's data. Errors in
-    arguments or checkpoints exit with a message."""
+def tokenizer_source(args: argparse.Namespace, models: list[LoadedModel]) -> str | None:
+    """--tokenizer, else the tokenizer the checkpoint(s) were trained with (compared checkpoints must agree)."""
+    if args.tokenizer is not None:
+        return args.tokenizer
+    sources = {m.tokenizer for m in models}
+    if len(sources) > 1:
+        raise ValueError(f"the checkpoints were trained with different tokenizers {sorted(map(str, sources))}: "
+                         "paired items need one; choose it with --tokenizer")
+    return models[0].tokenizer
+
+
+def load_data(args: argparse.Namespace, models: list[LoadedModel],
+              data_factory: Callable[[str | None, str | None], EvalData]) -> EvalData:
+    """The task's data with the checkpoint's tokenizer, which is loaded now so that a missing file fails early."""
+    source = tokenizer_source(args, models)
+    data = data_factory(args.data, source)
+    try:
+        data.tokenizer
+    except (FileNotFoundError, ModuleNotFoundError, ConnectionError) as err:
+        origin = "--tokenizer" if args.tokenizer else f"the checkpoint's training tokenizer ({source or 'default'})"
+        raise ValueError(f"cannot load {origin}: {err}; give --tokenizer PATH/tokenizer.json (a relative path in a "
+                         "checkpoint is relative to the training directory)") from err
+    return data
+
+
+def announce_setup(args: argparse.Namespace, models: list[LoadedModel], data: EvalData, device: torch.device) -> None:
+    """Before any work (stderr): what runs on which implementation, the tokenizer, and the data when the task
+    reads any, so that no default goes unnoticed."""
+    for i, m in enumerate(models):
+        impls = sorted(set(m.decoder.attention_impls(device)))
+        note = f"; {m.impl_note}" if m.impl_note else ""
+        print(f"{'AB'[i]}: {m.path} ({m.backend}, {m.decoder.num_parameters() / 1e6:.1f}M parameters, step "
+              f"{m.global_step}): attention {', '.join(impls)} on {device}{note}", file=sys.stderr)
+    described = data.describe()
+    print(f"tokenizer: {described['tokenizer']}", file=sys.stderr)
+    if "data" in TASKS[args.task].options:
+        print(f"data: {described['source']}", file=sys.stderr)
+    sys.stderr.flush()
+
+
+def export(model: LoadedModel, data: EvalData, out_dir: str, impl: str | None) -> str:
+    """``--export hf``: write the export, reload it and check that the logits are identical; returns ``out_dir``.
+    The exported config keeps the implementation the model was trained with (``impl`` overrides it)."""
+    tokenizer = data.describe()["tokenizer"]
+    card = model_card(model.decoder, os.path.abspath(model.path), model.global_step, model.training,
+                      model.training.get("attention_impls"), tokenizer)
+    trained = model.training["hyper_parameters"]["model"]["attention"]["impl"]
+    cfg = model.decoder.cfg
+    cfg = dataclasses.replace(cfg, attention=dataclasses.replace(cfg.attention, impl=impl or trained))
+    paths = save_hf(model.decoder, out_dir, card, data.tokenizer, data.bos_id, data.eos_id, cfg)
+    device = next(model.decoder.parameters()).device
+    ids = torch.randint(3, model.decoder.cfg.vocab_size, (1, min(64, model.decoder.cfg.max_seq_len)), device=device)
+    reloaded = load_hf(out_dir, device, model.decoder.cfg.attention.impl)
+    with torch.no_grad():
+        if not torch.equal(model.decoder(ids), reloaded(ids)):
+            raise RuntimeError(f"{out_dir}: the reloaded export gives different logits")  # a bug: stop loudly
+    for kind, path in paths.items():
+        print(f"export: {kind:9s} {path}")
+    print(f"export: reloaded with fpa_lightning.export.load_hf: identical logits on {ids.shape[1]} tokens")
+    return out_dir
+
+
+def main(argv: list[str] | None, data_factory: Callable[[str | None, str | None], EvalData]) -> str:
+    """Run one evaluation (or an export); returns the JSON path (the export folder). ``data_factory(--data,
+    tokenizer)`` builds the task's data. Errors in arguments or checkpoints exit with a message."""
     parser = build_parser()
     args = parser.parse_args(argv)
     check_args(args, parser)
-    task = TASKS[args.task]
     try:
         device = resolve_device(args.device)
+        if args.export is not None:
+            model = load_decoder(args.ckpt, device, args.impl)
+            return export(model, load_data(args, [model], data_factory), args.out, args.impl)
+        task = TASKS[args.task]
         impl = task.impl or args.impl
         models = [load_decoder(path, device, impl) for path in filter(None, (args.ckpt, args.compare))]
         if task.check is not None:
             task.check(args, models)
+        data = load_data(args, models, data_factory)
     except (CheckpointError, ValueError, RuntimeError) as err:
         parser.error(str(err))
     runtime = Runtime(device, args.precision, args.seed, args.n_boot, args.confidence)
-    data = data_factory(args.data)
+    announce_setup(args, models, data, device)
     started = time.time()
     try:
         output = task.run(args, models, runtime, data)
@@ -137,6 +217,7 @@ def main(argv: list[str] | None, data_factory: Callable[[str | None], EvalData])
         "checkpoint": models[0].describe(device),
         "compare": models[1].describe(device) if len(models) == 2 else None,
         "data": data.describe() if "data" in task.options else None,
+        "tokenizer": data.describe()["tokenizer"],
         "settings": settings(args),
         "device": str(device),
         "seconds": round(time.time() - started, 2),
@@ -145,7 +226,7 @@ def main(argv: list[str] | None, data_factory: Callable[[str | None], EvalData])
     stem = os.path.splitext(os.path.basename(args.ckpt))[0]
     out_dir = args.out or os.path.join("eval_results", f"{args.task}-{stem}")
     path = write_outputs(out_dir, args.task, header, output, args.tensorboard, models[0].global_step or 0)
-    print_summary(output.scalars)
+    print(output.table) if output.table is not None else print_summary(output.scalars)
     print(f"{args.task}: wrote {path}")
     return path
 

@@ -29,6 +29,16 @@ class Runtime:
             return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
+    def features(self, decoder: Decoder, ids: torch.Tensor) -> torch.Tensor:
+        """The forward pass of the prompt tasks: hidden states (B, L, C); each task projects only its answer
+        positions onto the vocabulary."""
+        with torch.no_grad(), self.autocast():
+            return decoder.features(ids)
+
+    def losses(self, decoder: Decoder, ids: torch.Tensor) -> np.ndarray:
+        """The forward pass of the loss tasks: ``token_losses``."""
+        return token_losses(decoder, ids, self)
+
 
 def token_losses(decoder: Decoder, ids: torch.Tensor, runtime: Runtime) -> np.ndarray:
     """ids (B, L) -> per-token next-token loss (B, L − 1) in nats, float64 numpy (analysis.positions)."""

@@ -107,6 +107,37 @@ def test_cache_prune_fpa_against_a_matched_window_softmax(tmp_path, ckpts):
     assert pk["length"] == 128 and pk["models"][0]["rule"] == {"threshold": -10.0} and pk["models"][0]["n"] == 2
 
 
+def test_ruler_with_compare(tmp_path, ckpts, capsys):
+    tasks = ["niah_multivalue", "vt"]
+    r = run(tmp_path, "ruler", "--task", "ruler", "--ckpt", ckpts["fpa"], "--compare", ckpts["fox"],
+            "--lengths", "512", "768", "--trials", "2", "--ruler-tasks", *tasks)
+    res = r["results"]
+    assert [(row["task"], row["length"]) for row in res["tasks"]] == [(t, n) for n in (512, 768) for t in tasks]
+    for row in res["tasks"]:
+        assert len(row["items"]) == 2 and all(item["tokens"] <= row["length"] for item in row["items"])
+        for m in row["models"]:
+            assert m["n"] == 2 and m["complete"] == sum(s == 1.0 for s in m["scores"])
+            assert m["score"]["estimate"] == pytest.approx(sum(m["scores"]) / 2)
+            assert m["complete_rate"]["lower"] <= m["complete_rate"]["estimate"] <= m["complete_rate"]["upper"]
+        assert set(row["mcnemar"]) >= {"p_two_sided", "p_a_better"}
+    for avg in res["average"]:
+        for i, m in enumerate(avg["models"]):
+            rows = [row for row in res["tasks"] if row["length"] == avg["length"]]
+            assert m["score"] == pytest.approx(sum(row["models"][i]["score"]["estimate"] for row in rows) / len(tasks))
+    assert "greedy generation through the KV cache" in res["scoring"] and "King James" in r["data"]["source"]
+    out = capsys.readouterr().out
+    assert "string-match score (A: fpa / B: fox)" in out and "average" in out and "McNemar p" in out
+
+
+def test_babilong_single_model(tmp_path, ckpts):
+    r = run(tmp_path, "babi", "--task", "babilong", "--ckpt", ckpts["sdpa"], "--lengths", "512", "--trials", "2",
+            "--qa", "qa1", "qa4", "--max-docs", "2")
+    res = r["results"]
+    assert [row["task"] for row in res["tasks"]] == ["qa1", "qa4"] and res["book_documents"] == 2
+    assert all(len(row["items"][0]["facts"]) >= 2 for row in res["tasks"])
+    assert "mcnemar" not in res["tasks"][0] and "B_score" not in str(r["results"]["average"])
+
+
 def test_tensorboard_logging(tmp_path, ckpts):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -167,4 +198,5 @@ def test_help_lists_the_tasks(capsys):
         main(["--help"])
     assert exc.value.code == 0
     out = capsys.readouterr().out
-    assert all(task in out for task in ("pg19_long", "passkey", "test_loss", "cache_prune"))
+    assert all(task in out for task in ("pg19_long", "passkey", "test_loss", "cache_prune", "ruler", "babilong",
+                                        "lm_eval", "--export"))

@@ -13,6 +13,7 @@ from fpa_lightning.analysis.pruning import PruneRule, pruned_cache, window_for_f
 from fpa_lightning.evaluation.checkpoint import LoadedModel
 from fpa_lightning.evaluation.data import EvalData
 from fpa_lightning.evaluation.passkey import PasskeyBuilder
+from fpa_lightning.evaluation.progress import Progress, Work, start
 from fpa_lightning.evaluation.scoring import Runtime, check_vocab, token_losses
 from fpa_lightning.evaluation.stats import clopper_pearson
 from fpa_lightning.evaluation.tasks.common import Task, TaskOutput, errorbar, intervals, label
@@ -43,9 +44,23 @@ def has_bias(model: LoadedModel) -> bool:
     return any(block.attn.backend.has_bias for block in model.decoder.blocks)
 
 
-def _doc_losses(model: LoadedModel, docs: list, runtime: Runtime) -> np.ndarray:
+def _doc_losses(model: LoadedModel, docs: list, runtime: Runtime, bar: Progress, index: int) -> np.ndarray:
     """Mean loss per document, (N,)."""
-    return np.array([float(token_losses(model.decoder, d[None], runtime).mean()) for d in docs])
+    losses = []
+    for d in docs:
+        losses.append(float(token_losses(model.decoder, d[None], runtime).mean()))
+        bar.advance(d.numel(), index)
+    return np.array(losses)
+
+
+def _work(models: list[LoadedModel], docs_at: dict, n_rules: int, window: int | None,
+          passkey_sizes: list[int]) -> list[Work]:
+    """Per model: each document once unpruned and once per rule, then every pass-key trial once."""
+    work = []
+    for i, m in enumerate(models):
+        passes = 1 + (1 if window is not None and not has_bias(m) else n_rules)
+        work.append(Work(i, [d.numel() for docs in docs_at.values() for d in docs] * passes + passkey_sizes))
+    return work
 
 
 def _rules(model: LoadedModel, thresholds: list[float], partner_fractions: list[float] | None,
@@ -77,18 +92,26 @@ def cache_prune(models: list[LoadedModel], runtime: Runtime, data: EvalData, len
     check_prune_setup(models, window)
     order = sorted(range(len(models)), key=lambda i: not has_bias(models[i]))  # biased models first
     per_length, scalars = [], {}
-    for length in lengths:
-        docs = data.long_documents(length + 1, length + 1, max_docs)
+    docs_at = {length: data.long_documents(length + 1, length + 1, max_docs) for length in lengths}
+    builder = PasskeyBuilder(data.tokenizer, data.bos_id)
+    passkey_sizes = [t.length for n in passkey_lengths for t in builder.trials(n, n_trials, runtime.seed)]
+    bar = start("cache_prune", [m.decoder for m in models],
+                _work(models, docs_at, len(thresholds), window, passkey_sizes), runtime.losses,
+                shorten="fewer --max-docs, --lengths, --thresholds, --passkey-lengths or --trials",
+                unit="passes")
+    for length, docs in docs_at.items():
         entry = {"length": length, "documents": len(docs), "models": [None] * len(models)}
         fractions = None
         for i in order:
             m = models[i]
             check_vocab(m.decoder, max(int(d.max()) for d in docs))
-            base = _doc_losses(m, docs, runtime)  # the same chunked path, unpatched: pairs with each pruned pass
+            bar.set_stage(f"{length} {'AB'[i]}")
+            # the same chunked path, unpatched: pairs with each pruned pass
+            base = _doc_losses(m, docs, runtime, bar, i)
             rows = []
             for rule in _rules(m, thresholds, fractions, window, length):
                 with pruned_cache(m.decoder, rule) as stats:
-                    losses = _doc_losses(m, docs, runtime)
+                    losses = _doc_losses(m, docs, runtime, bar, i)
                 kept = stats.as_dict()
                 rows.append({"rule": rule.describe(), "loss": intervals(losses, runtime)[0].as_dict(),
                              "increase": intervals(losses - base, runtime)[0].as_dict(), **kept})
@@ -104,7 +127,9 @@ def cache_prune(models: list[LoadedModel], runtime: Runtime, data: EvalData, len
                                   "rules": rows}
         per_length.append(entry)
     results = {"lengths": per_length,
-               "passkey": _pruned_passkey(models, order, runtime, data, thresholds[0], window, passkey_lengths, n_trials)}
+               "passkey": _pruned_passkey(models, order, runtime, builder, thresholds[0], window, passkey_lengths,
+                                          n_trials, bar)}
+    bar.close()
     for e in results["passkey"]:
         for i, r in enumerate(e["models"]):
             scalars[f"cache_prune/{'AB'[i]}_passkey/{e['length']}"] = r["rate"]["estimate"]
@@ -135,12 +160,10 @@ def _rule_tag(rule: PruneRule) -> str:
     return f"threshold{rule.threshold:g}" if rule.window is None else f"window{rule.window}"
 
 
-def _pruned_passkey(models: list[LoadedModel], order: list[int], runtime: Runtime, data: EvalData, threshold: float,
-                    window: int | None, lengths: list[int], n_trials: int) -> list[dict]:
+def _pruned_passkey(models: list[LoadedModel], order: list[int], runtime: Runtime, builder: PasskeyBuilder,
+                    threshold: float, window: int | None, lengths: list[int], n_trials: int,
+                    bar: Progress) -> list[dict]:
     """Pass-key success with the primary threshold (softmax: the window of the partner's kept fraction)."""
-    if not lengths:
-        return []
-    builder = PasskeyBuilder(data.tokenizer, data.bos_id)
     out = []
     for length in lengths:
         trials = builder.trials(length, n_trials, runtime.seed)
@@ -149,8 +172,9 @@ def _pruned_passkey(models: list[LoadedModel], order: list[int], runtime: Runtim
             m = models[i]
             check_vocab(m.decoder, max(int(t.input_ids.max()) for t in trials))
             rule = _rules(m, [threshold], [fraction] if fraction is not None else None, window, length)[0]
+            bar.set_stage(f"pass key {length} {'AB'[i]}")
             with pruned_cache(m.decoder, rule) as stats:
-                wins = [s.success for s in score_all(m, trials, runtime)]
+                wins = [s.success for s in score_all(m, trials, runtime, bar, i)]
             kept = stats.as_dict()
             fraction = kept["kept_fraction"] if fraction is None and has_bias(m) else fraction
             entry["models"][i] = {"label": label(m, i), "rule": rule.describe(), "successes": sum(wins),

@@ -25,6 +25,8 @@ class TaskOutput:
     results: dict
     figures: dict[str, plt.Figure] = field(default_factory=dict)
     scalars: dict[str, float] = field(default_factory=dict)
+    table: str | None = None
+    """What the command line prints at the end (None: the scalars, one per line)."""
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ import torch
 from fpa_lightning.evaluation.checkpoint import LoadedModel
 from fpa_lightning.evaluation.data import EvalData
 from fpa_lightning.evaluation.passkey import PasskeyBuilder, PasskeyScore, PasskeyTrial, score_trial
+from fpa_lightning.evaluation.progress import Progress, Work, start
 from fpa_lightning.evaluation.scoring import Runtime, check_vocab
 from fpa_lightning.evaluation.stats import clopper_pearson, mcnemar_exact
 from fpa_lightning.analysis.pruning import PruneRule
@@ -51,13 +52,20 @@ def pruning_rules(models: list[LoadedModel], threshold: float | None, window: in
     return rules
 
 
-def score_all(model: LoadedModel, trials: list[PasskeyTrial], runtime: Runtime) -> list:
+def score_all(model: LoadedModel, trials: list[PasskeyTrial], runtime: Runtime, bar: Progress | None = None,
+              index: int = 0) -> list:
+    scores = []
     with runtime.autocast():
-        return [score_trial(model.decoder, t, runtime.device) for t in trials]
+        for t in trials:
+            scores.append(score_trial(model.decoder, t, runtime.device))
+            if bar is not None:
+                bar.advance(t.length, index)
+    return scores
 
 
 @torch.no_grad()
-def decode_all(model: LoadedModel, trials: list[PasskeyTrial], runtime: Runtime, rule: PruneRule) -> list[dict]:
+def decode_all(model: LoadedModel, trials: list[PasskeyTrial], runtime: Runtime, rule: PruneRule, bar: Progress,
+               index: int) -> list[dict]:
     """Greedy decoding of each answer through the KV cache under `rule` (keys evicted for good): success and the
     cache's kept fraction at the end."""
     out = []
@@ -72,6 +80,7 @@ def decode_all(model: LoadedModel, trials: list[PasskeyTrial], runtime: Runtime,
                     logits = session.step(answer[-1])
         decoded = torch.cat(answer).cpu()
         out.append({"success": bool(torch.equal(decoded, t.answer)), **_cache_figures(session.stats())})
+        bar.advance(t.length, index)
     return out
 
 
@@ -86,14 +95,21 @@ def passkey(models: list[LoadedModel], runtime: Runtime, data: EvalData, lengths
     that rule instead of the one-pass scorer."""
     builder = PasskeyBuilder(data.tokenizer, data.bos_id)
     per_length, scalars, pooled = [], {}, [[] for _ in models]
-    for length in lengths:
-        trials = builder.trials(length, n_trials, runtime.seed)
+    trials_at = {length: builder.trials(length, n_trials, runtime.seed) for length in lengths}
+    sizes = [t.length for trials in trials_at.values() for t in trials]  # every model scores every trial
+    bar = start("passkey", [m.decoder for m in models], [Work(i, sizes) for i in range(len(models))],
+                runtime.features, unit="prompts",
+                shorten=f"fewer --trials (now {n_trials}) or shorter --lengths (now {' '.join(map(str, lengths))})")
+    for length, trials in trials_at.items():
         for m in models:
             check_vocab(m.decoder, max(int(t.input_ids.max()) for t in trials))
         if rules is None:
-            scores = [score_all(m, trials, runtime) for m in models]
+            scores = []
+            for i, m in enumerate(models):
+                bar.set_stage(f"{length} {'AB'[i]}")
+                scores.append(score_all(m, trials, runtime, bar, i))
         else:
-            decoded = [decode_all(m, trials, runtime, rule) for m, rule in zip(models, rules)]
+            decoded = [decode_all(m, trials, runtime, rule, bar, i) for i, (m, rule) in enumerate(zip(models, rules))]
             scores = [[PasskeyScore(d["success"], float("nan")) for d in dec] for dec in decoded]
         entry = {
             "length": length,
@@ -116,6 +132,7 @@ def passkey(models: list[LoadedModel], runtime: Runtime, data: EvalData, lengths
         if len(models) == 2:
             entry["mcnemar"] = mcnemar_exact(*[[s.success for s in sc] for sc in scores]).as_dict()
         per_length.append(entry)
+    bar.close()
     results = {"lengths": per_length, "trials_per_length": n_trials,
                "scorer": "one pass (teacher forcing)" if rules is None else "greedy decoding, pruned KV cache"}
     if len(models) == 2:

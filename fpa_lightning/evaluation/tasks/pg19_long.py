@@ -10,6 +10,7 @@ import torch
 from fpa_lightning.analysis.positions import bucket_means
 from fpa_lightning.evaluation.checkpoint import LoadedModel
 from fpa_lightning.evaluation.data import EvalData
+from fpa_lightning.evaluation.progress import Progress, Work, start
 from fpa_lightning.evaluation.scoring import Runtime, check_edges, check_vocab, power_of_two_edges, token_losses
 from fpa_lightning.evaluation.tasks.common import Task, TaskOutput, errorbar, intervals, label
 
@@ -27,8 +28,15 @@ def pg19_long(models: list[LoadedModel], runtime: Runtime, data: EvalData, max_l
     docs = data.long_documents(max_len + 1, min_tokens, max_docs)
     for m in models:
         check_vocab(m.decoder, max(int(d.max()) for d in docs))
-    per_book = [np.stack([_bucket_means(m, d, edges, runtime) for d in docs])
-                for m in models]  # each (N books, K buckets)
+    sizes = [int(d.numel()) for d in docs]
+    bar = start("pg19_long", [m.decoder for m in models], [Work(i, sizes) for i in range(len(models))],
+                runtime.losses, unit="documents",
+                shorten=f"fewer --max-docs (now {len(docs)}) or a shorter --max-len (now {max_len})")
+    per_book = []  # per model (N books, K buckets)
+    for i, m in enumerate(models):
+        bar.set_stage("AB"[i])
+        per_book.append(np.stack([_bucket_means(m, d, edges, runtime, bar, i) for d in docs]))
+    bar.close()
     buckets = list(zip(edges, edges[1:]))
     results = {
         "documents": len(docs),
@@ -47,9 +55,12 @@ def pg19_long(models: list[LoadedModel], runtime: Runtime, data: EvalData, max_l
     return TaskOutput(results, {"pg19_long": _plot_buckets(results, models[0].decoder.cfg.max_seq_len)}, scalars)
 
 
-def _bucket_means(model: LoadedModel, doc: torch.Tensor, edges: list[int], runtime: Runtime) -> np.ndarray:
+def _bucket_means(model: LoadedModel, doc: torch.Tensor, edges: list[int], runtime: Runtime, bar: Progress,
+                  index: int) -> np.ndarray:
     """One book's mean loss per position bucket (K,), NaN where the book does not reach a bucket."""
-    return bucket_means(torch.from_numpy(token_losses(model.decoder, doc[None], runtime)[0]), edges).numpy()
+    means = bucket_means(torch.from_numpy(token_losses(model.decoder, doc[None], runtime)[0]), edges).numpy()
+    bar.advance(doc.numel(), index)
+    return means
 
 
 def _plot_buckets(results: dict, train_len: int) -> plt.Figure:

@@ -10,6 +10,7 @@ import torch
 
 from fpa_lightning.evaluation.checkpoint import LoadedModel
 from fpa_lightning.evaluation.data import EvalData
+from fpa_lightning.evaluation.progress import Progress
 from fpa_lightning.evaluation.scoring import Runtime, check_vocab, token_losses
 from fpa_lightning.evaluation.stats import non_inferiority
 from fpa_lightning.evaluation.tasks.common import Task, TaskOutput, intervals, label
@@ -25,11 +26,15 @@ def test_loss(models: list[LoadedModel], runtime: Runtime, data: EvalData, seq_l
     """Mean loss over packed test sequences with a bootstrap interval over sequences; with two models the
     paired difference A − B and the non-inferiority verdict for ``margin`` (nats)."""
     per_seq = [[] for _ in models]
+    # the number of sequences in a split is known only at its end: items, rate and time, no ETA
+    bar = Progress("test_loss", None, None, unit="sequences")
     for batch in data.test_sequences(seq_len, batch_size, max_docs):
         ids = torch.cat([batch["input_ids"], batch["labels"][:, -1:]], dim=1)  # (B, seq_len + 1)
         for i, m in enumerate(models):
             check_vocab(m.decoder, int(ids.max()))
             per_seq[i].extend(token_losses(m.decoder, ids, runtime).mean(axis=1))
+        bar.advance(ids.numel() * len(models), items=ids.shape[0])
+    bar.close()
     values = [np.array(v) for v in per_seq]  # each (N sequences,)
     results = {
         "sequences": len(values[0]),

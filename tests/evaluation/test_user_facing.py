@@ -1,0 +1,103 @@
+"""What eval.py tells its user: the plan and its estimated time, a progress bar, the data and tokenizer it uses, and
+which attention implementation ran; a checkpoint's own tokenizer (no mistral-common needed) and a fused checkpoint
+on a CPU."""
+import json
+
+import pytest
+import torch
+
+from eval import main
+from fpa_lightning.evaluation.progress import CostModel, Progress, Work
+
+
+def run(tmp_path, name, *argv):
+    with open(main([*argv, "--out", str(tmp_path / name), "--n-boot", "200"])) as f:
+        return json.load(f)
+
+
+def test_passkey_announces_its_plan_and_shows_progress(tmp_path, ckpts, capsys):
+    run(tmp_path, "pk", "--task", "passkey", "--ckpt", ckpts["fpa"], "--compare", ckpts["fox"],
+        "--lengths", "128", "--trials", "3")
+    err = capsys.readouterr().err
+    assert "passkey: 6 prompts" in err and "estimated" in err and "on cpu" in err
+    assert "passkey [128 B]: 6/6 prompts" in err and "tok/s" in err and "ETA 0:00" in err  # the closing line
+    assert "A: " in err and "attention fpa:chunked on cpu" in err and "B: " in err
+    assert "tokenizer: offline Mistral-7B" in err
+
+
+def test_pg19_long_names_its_corpus(tmp_path, ckpts, capsys):
+    r = run(tmp_path, "pg", "--task", "pg19_long", "--ckpt", ckpts["fpa"], "--max-len", "64", "--max-docs", "2")
+    err = capsys.readouterr().err
+    assert "data: offline corpus: the King James Bible" in err and "not PG-19" in err
+    assert "King James Bible" in r["data"]["source"] and "pg19_long: 2 documents" in err
+    assert r["tokenizer"].startswith("offline Mistral")
+
+
+def test_progress_bar_lines_and_estimate(capsys):
+    costs = [CostModel(1e-3, 1e-6), CostModel(2e-3, 0.0)]
+    bar = Progress("demo", [Work(0, [100, 200]), Work(1, [100])], costs, unit="prompts", log_every=0.0)
+    bar.set_stage("x")
+    bar.advance(100, 0)
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("demo [x]: 1/3 prompts") and "tok/s" in line and "ETA" in line
+    done, total = costs[0].seconds(100), costs[0].seconds(100) + costs[0].seconds(200) + costs[1].seconds(100)
+    assert bar.cost_done == pytest.approx(done) and bar.total_cost == pytest.approx(total)
+    bar.advance(200, 0)
+    bar.advance(100, 1)
+    bar.close()
+    assert "3/3 prompts" in capsys.readouterr().err
+    fit = CostModel.fit(1000, 2.5, 2000, 6.5, constant=0.5)  # 0.5 + 1e-3·T + 1e-6·T²
+    assert fit.linear == pytest.approx(1e-3) and fit.quadratic == pytest.approx(1e-6) and fit.constant == 0.5
+    assert fit.seconds(4000) == pytest.approx(0.5 + 4 + 16)
+
+
+def edited_checkpoint(source, path, model=None, datamodule=None):
+    ckpt = torch.load(source, map_location="cpu", weights_only=True)
+    if model:
+        ckpt["hyper_parameters"]["model"]["attention"].update(model)
+    if datamodule is not None:
+        ckpt["datamodule_hyper_parameters"] = datamodule
+    torch.save(ckpt, path)
+    return str(path)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the fused kernel runs on a GPU")
+def test_fused_checkpoint_runs_chunked_on_a_cpu_and_says_so(tmp_path, ckpts, capsys):
+    fused = edited_checkpoint(ckpts["fpa"], tmp_path / "fused.ckpt", model={"impl": "fused"})
+    r = run(tmp_path, "fused", "--task", "passkey", "--ckpt", fused, "--lengths", "128", "--trials", "1")
+    assert r["checkpoint"]["impl_at_training"] == "fused" and r["checkpoint"]["impl_per_layer"] == ["fpa:chunked"] * 2
+    assert "trained with impl=fused" in r["checkpoint"]["impl_note"]
+    assert "trained with impl=fused" in capsys.readouterr().err
+
+
+def test_the_checkpoints_tokenizer_is_used_without_mistral_common(tmp_path, ckpts, tokenizer, monkeypatch, capsys):
+    import datamodules.tokenizer as tok
+
+    path = tmp_path / "tokenizer.json"
+    tokenizer.save(str(path))
+    ckpt = edited_checkpoint(ckpts["fpa"], tmp_path / "own_tok.ckpt", datamodule={"tokenizer": str(path)})
+
+    def no_mistral_common():
+        raise ModuleNotFoundError("mistral-common is not installed (`pip install mistral-common`)")
+
+    monkeypatch.setattr(tok, "_offline_mistral", no_mistral_common)
+    r = run(tmp_path, "own", "--task", "passkey", "--ckpt", ckpt, "--lengths", "128", "--trials", "1")
+    assert r["tokenizer"] == str(path) and r["checkpoint"]["tokenizer_at_training"] == str(path)
+    # the default tokenizer needs mistral-common: the error says what to do
+    with pytest.raises(SystemExit):
+        main(["--task", "passkey", "--ckpt", ckpts["fpa"], "--lengths", "128", "--trials", "1"])
+    assert "mistral-common is not installed" in capsys.readouterr().err
+    r = run(tmp_path, "flag", "--task", "passkey", "--ckpt", ckpts["fpa"], "--tokenizer", str(path),
+            "--lengths", "128", "--trials", "1")
+    assert r["tokenizer"] == str(path)
+
+
+def test_missing_or_disagreeing_tokenizers_are_clear_errors(tmp_path, ckpts, capsys):
+    gone = edited_checkpoint(ckpts["fpa"], tmp_path / "gone.ckpt", datamodule={"tokenizer": "tokenizer.json"})
+    with pytest.raises(SystemExit):
+        main(["--task", "passkey", "--ckpt", gone, "--lengths", "128", "--trials", "1"])
+    err = capsys.readouterr().err
+    assert "training tokenizer (tokenizer.json)" in err and "--tokenizer" in err
+    with pytest.raises(SystemExit):
+        main(["--task", "passkey", "--ckpt", gone, "--compare", ckpts["fox"], "--lengths", "128"])
+    assert "different tokenizers" in capsys.readouterr().err

@@ -66,8 +66,8 @@ def signature(fn, constexprs: dict, T: int, H: int, D: int, BS: int) -> tuple[di
     return sig, attrs
 
 
-def compile_kernel(fn, constexprs: dict, launch: dict, T: int = 16384, H: int = 12):
-    sig, attrs = signature(fn, constexprs, T, H, constexprs["D"], constexprs["BS"])
+def compile_kernel(fn, constexprs: dict, launch: dict, D: int, T: int = 16384, H: int = 12):
+    sig, attrs = signature(fn, constexprs, T, H, D, constexprs["BS"])
     src = ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
     opts = {"num_warps": launch.get("num_warps", 4), "num_stages": launch.get("num_stages", 2)}
     if "maxnreg" in launch:
@@ -153,7 +153,7 @@ def main() -> None:
         for name, fn, constexprs, launch in variant_kernels(variant, args.D):
             if args.kernels and name not in args.kernels.split(","):
                 continue
-            compiled = compile_kernel(fn, constexprs, launch)
+            compiled = compile_kernel(fn, constexprs, launch, args.D)
             regs, st, ld = ptxas_usage(compiled.asm["ptx"])
             sass = sass_text(compiled.asm["cubin"])
             if args.sass:

@@ -250,24 +250,60 @@ def _dq_tile(q, do, K, V, SEGP, A_PARTIAL, b, h, bh, I, nB, Tp,
 
 
 @triton.jit
-def _dkdv_tile(k, v, Q, DO, LSE, DELTA, PRE, PSIP, SEGP, seg_j, b, h, offs_m, fbase, T, Tp,
-               s_qb, s_qt, s_qh, s_ob, s_ot, s_oh, offs_d,
-               psi, m2, beta, sl2, bl2, dk, dv, dpsi, dbeta,
-               PREC: tl.constexpr, QLEVEL: tl.constexpr, SEG: tl.constexpr):
-    # transposed tile [s (keys of J), t (queries offs_m of I)], J < I: flash dk/dv with the recomputed bias,
-    # plus (key level) the row sums of dpsi and dbeta. m2_s = min(suf_J(s), mid(J, I)), so M = min(m2_s, pre_t).
-    # Padded query rows (t >= T) have q = do = 0, lse = +inf and Delta = 0: every term there is 0.
+def _query_rows(Q, DO, LSE, DELTA, b, h, fbase, offs_m, T, s_qb, s_qt, s_qh, s_ob, s_ot, s_oh, offs_d):
+    # q and dO of the query rows offs_m (0 past T), with their lse and Delta: what a key-major tile reads
     row_ok = offs_m < T
     q = tl.load(Q + b * s_qb + h * s_qh + offs_m[:, None] * s_qt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
     do = tl.load(DO + b * s_ob + h * s_oh + offs_m[:, None] * s_ot + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-    lse = tl.load(LSE + fbase + offs_m)
-    delta = tl.load(DELTA + fbase + offs_m)
-    pre_i = tl.load(PRE + fbase + offs_m)
-    if QLEVEL:
-        dlt = tl.minimum(tl.minimum(m2[:, None], pre_i[None, :]) - tl.load(PSIP + fbase + offs_m)[None, :], 0.0)
-    else:
-        dlt = tl.minimum(tl.minimum(m2[:, None], pre_i[None, :]) - psi[:, None], 0.0)
-    sT = tl.dot(k, tl.trans(q), input_precision=PREC) * sl2 + dlt * bl2
+    return q, do, tl.load(LSE + fbase + offs_m), tl.load(DELTA + fbase + offs_m)
+
+
+@triton.jit
+def _key_block(K, V, SEGP, IHI, BETA, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, T, H, Tp, nB, qk_scale,
+               BS: tl.constexpr, D: tl.constexpr, SEG: tl.constexpr):
+    # the program's key block J of a key-major kernel: k and v (0 past T), beta and the log2-unit scales, document
+    # ids, and the last query block the walk visits (with documents, none after ihi[J] shares one with block J)
+    J = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    beta = tl.load(BETA + h).to(tl.float32)
+    offs_n = J * BS + tl.arange(0, BS)
+    offs_d = tl.arange(0, D)
+    col_ok = offs_n < T
+    k = tl.load(K + b * s_kb + h * s_kh + offs_n[:, None] * s_kt + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+    v = tl.load(V + b * s_vb + h * s_vh + offs_n[:, None] * s_vt + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+    seg_j = offs_n
+    i_hi = nB - 1
+    if SEG:
+        seg_j = tl.load(SEGP + b * Tp + offs_n)
+        i_hi = tl.load(IHI + b * nB + J)
+    return J, bh, b, h, beta, beta * LOG2E, qk_scale * LOG2E, bh * Tp, offs_n, offs_d, k, v, seg_j, i_hi
+
+
+@triton.jit
+def _diagonal_key_tile(q, k, v, do, lse, delta, depth, seg_j, offs_n, T, sl2, bl2, dk, dv,
+                       PREC: tl.constexpr, SEG: tl.constexpr):
+    # the diagonal tile [t, s] of a key-major kernel (rows and columns are the block's positions): flash dk and dv
+    # with the bias beta·depth; returns dS as well, for the level and field sums
+    s = tl.dot(q, tl.trans(k), input_precision=PREC) * sl2 + depth * bl2
+    p = tl.exp2(s - lse[:, None])
+    p = tl.where((offs_n[:, None] >= offs_n[None, :]) & (offs_n < T)[:, None], p, 0.0)
+    if SEG:
+        p = tl.where(seg_j[:, None] == seg_j[None, :], p, 0.0)
+    dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision=PREC)
+    dp = tl.dot(do, tl.trans(v), input_precision=PREC)
+    ds = p * (dp - delta[:, None])
+    dk += tl.dot(tl.trans(ds).to(q.dtype), q, input_precision=PREC)
+    return dk, dv, ds
+
+
+@triton.jit
+def _offdiag_key_tile(k, v, q, do, lse, delta, depth, seg_j, SEGP, b, Tp, offs_m, sl2, bl2, dk, dv,
+                      PREC: tl.constexpr, SEG: tl.constexpr):
+    # a transposed off-diagonal tile [s (keys), t (queries offs_m)] of a key-major kernel: flash dk and dv with the
+    # bias beta·depth; returns dS^T as well, for the level and field sums
+    sT = tl.dot(k, tl.trans(q), input_precision=PREC) * sl2 + depth * bl2
     if SEG:
         sT = tl.where(seg_j[:, None] == tl.load(SEGP + b * Tp + offs_m)[None, :], sT, -float("inf"))
     pT = tl.exp2(sT - lse[None, :])
@@ -275,6 +311,35 @@ def _dkdv_tile(k, v, Q, DO, LSE, DELTA, PRE, PSIP, SEGP, seg_j, b, h, offs_m, fb
     dpT = tl.dot(v, tl.trans(do), input_precision=PREC)
     dsT = pT * (dpT - delta[None, :])
     dk += tl.dot(dsT.to(q.dtype), q, input_precision=PREC)
+    return dk, dv, dsT
+
+
+@triton.jit
+def _store_key_grads(DK, DV, b, h, offs_n, offs_d, T, s_dkb, s_dkt, s_dkh, s_dvb, s_dvt, s_dvh, dk, dv, qk_scale):
+    col_ok = offs_n < T
+    tl.store(DK + b * s_dkb + h * s_dkh + offs_n[:, None] * s_dkt + offs_d[None, :],
+             (dk * qk_scale).to(DK.dtype.element_ty), mask=col_ok[:, None])
+    tl.store(DV + b * s_dvb + h * s_dvh + offs_n[:, None] * s_dvt + offs_d[None, :],
+             dv.to(DV.dtype.element_ty), mask=col_ok[:, None])
+
+
+@triton.jit
+def _dkdv_tile(k, v, Q, DO, LSE, DELTA, PRE, PSIP, SEGP, seg_j, b, h, offs_m, fbase, T, Tp,
+               s_qb, s_qt, s_qh, s_ob, s_ot, s_oh, offs_d,
+               psi, m2, beta, sl2, bl2, dk, dv, dpsi, dbeta,
+               PREC: tl.constexpr, QLEVEL: tl.constexpr, SEG: tl.constexpr):
+    # transposed tile [s (keys of J), t (queries offs_m of I)], J < I: flash dk/dv with the recomputed bias,
+    # plus (key level) the row sums of dpsi and dbeta. m2_s = min(suf_J(s), mid(J, I)), so M = min(m2_s, pre_t).
+    # Padded query rows (t >= T) have q = do = 0, lse = +inf and Delta = 0: every term there is 0.
+    q, do, lse, delta = _query_rows(Q, DO, LSE, DELTA, b, h, fbase, offs_m, T, s_qb, s_qt, s_qh, s_ob, s_ot, s_oh,
+                                    offs_d)
+    pre_i = tl.load(PRE + fbase + offs_m)
+    if QLEVEL:
+        dlt = tl.minimum(tl.minimum(m2[:, None], pre_i[None, :]) - tl.load(PSIP + fbase + offs_m)[None, :], 0.0)
+    else:
+        dlt = tl.minimum(tl.minimum(m2[:, None], pre_i[None, :]) - psi[:, None], 0.0)
+    dk, dv, dsT = _offdiag_key_tile(k, v, q, do, lse, delta, dlt, seg_j, SEGP, b, Tp, offs_m, sl2, bl2, dk, dv,
+                                    PREC, SEG)
     if not QLEVEL:  # with a query level these are row sums of the query-major kernel
         s_g, s_b = tl.reduce((tl.where(dlt < 0.0, dsT, 0.0), dsT * dlt), 1, _add2)
         dpsi -= beta * s_g
@@ -555,48 +620,19 @@ def _fpa_bwd_dkdv_kernel(
     BS: tl.constexpr, D: tl.constexpr, SKIP: tl.constexpr, PREC: tl.constexpr, MSUB: tl.constexpr,
     QLEVEL: tl.constexpr, SEG: tl.constexpr,
 ):
-    J = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    beta = tl.load(BETA + h).to(tl.float32)
-    bl2 = beta * LOG2E
-    sl2 = qk_scale * LOG2E
-    offs_n = J * BS + tl.arange(0, BS)
-    offs_d = tl.arange(0, D)
-    col_ok = offs_n < T
-    k = tl.load(K + b * s_kb + h * s_kh + offs_n[:, None] * s_kt + offs_d[None, :], mask=col_ok[:, None], other=0.0)
-    v = tl.load(V + b * s_vb + h * s_vh + offs_n[:, None] * s_vt + offs_d[None, :], mask=col_ok[:, None], other=0.0)
-    fbase = bh * Tp
+    J, bh, b, h, beta, bl2, sl2, fbase, offs_n, offs_d, k, v, seg_j, i_hi = _key_block(
+        K, V, SEGP, IHI, BETA, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, T, H, Tp, nB, qk_scale, BS, D, SEG)
     phi_j = tl.load(PHIP + fbase + offs_n)
     psi = tl.load(PSIP + fbase + offs_n)
     suf = tl.load(SUF + fbase + offs_n)
-    seg_j = offs_n
-    i_hi = nB - 1
-    if SEG:
-        seg_j = tl.load(SEGP + b * Tp + offs_n)
-        i_hi = tl.load(IHI + b * nB + J)  # query blocks after i_hi share no document with block J
     dk = tl.zeros([BS, D], tl.float32)
     dv = tl.zeros([BS, D], tl.float32)
 
     # diagonal block (I = J): rows t, columns s, both in this block
-    offs_m = offs_n
-    row_ok = col_ok
-    q = tl.load(Q + b * s_qb + h * s_qh + offs_m[:, None] * s_qt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-    do = tl.load(DO + b * s_ob + h * s_oh + offs_m[:, None] * s_ot + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-    lse = tl.load(LSE + fbase + offs_m)
-    delta = tl.load(DELTA + fbase + offs_m)
-    after = offs_m[:, None] > offs_n[None, :]
-    dlt = _diag_depth(phi_j, psi, after, QLEVEL, False)
-    s = tl.dot(q, tl.trans(k), input_precision=PREC) * sl2 + dlt * bl2
-    p = tl.exp2(s - lse[:, None])
-    p = tl.where((offs_m[:, None] >= offs_n[None, :]) & row_ok[:, None], p, 0.0)
-    if SEG:
-        p = tl.where(seg_j[:, None] == seg_j[None, :], p, 0.0)
-    dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision=PREC)
-    dp = tl.dot(do, tl.trans(v), input_precision=PREC)
-    ds = p * (dp - delta[:, None])
-    dk += tl.dot(tl.trans(ds).to(q.dtype), q, input_precision=PREC)
+    q, do, lse, delta = _query_rows(Q, DO, LSE, DELTA, b, h, fbase, offs_n, T, s_qb, s_qt, s_qh, s_ob, s_ot, s_oh,
+                                    offs_d)
+    dlt = _diag_depth(phi_j, psi, offs_n[:, None] > offs_n[None, :], QLEVEL, False)
+    dk, dv, ds = _diagonal_key_tile(q, k, v, do, lse, delta, dlt, seg_j, offs_n, T, sl2, bl2, dk, dv, PREC, SEG)
     dpsi = -beta * tl.sum(tl.where(dlt < 0.0, ds, 0.0), axis=0)
     dbeta = tl.sum(ds * dlt, axis=0)
 
@@ -617,10 +653,7 @@ def _fpa_bwd_dkdv_kernel(
                     psi, m2, beta, sl2, bl2, dk, dv, dpsi, dbeta, PREC, QLEVEL, SEG)
         mid = tl.minimum(mid, tl.load(BMIN + bh * nB + I))
 
-    tl.store(DK + b * s_dkb + h * s_dkh + offs_n[:, None] * s_dkt + offs_d[None, :],
-             (dk * qk_scale).to(DK.dtype.element_ty), mask=col_ok[:, None])
-    tl.store(DV + b * s_dvb + h * s_dvh + offs_n[:, None] * s_dvt + offs_d[None, :],
-             dv.to(DV.dtype.element_ty), mask=col_ok[:, None])
+    _store_key_grads(DK, DV, b, h, offs_n, offs_d, T, s_dkb, s_dkt, s_dkh, s_dvb, s_dvt, s_dvh, dk, dv, qk_scale)
     if not QLEVEL:  # a query level's dpsi and dbeta are the query-major kernel's
         tl.store(DPSI + fbase + offs_n, dpsi)
         tl.store(DBETA + fbase + offs_n, dbeta)
@@ -644,25 +677,9 @@ def _fpa_bwd_dipsum_kernel(
     # Walks the query blocks downwards (I = i_hi .. J+1, then the diagonal), so R's sum over later queries is a
     # running column sum. dphi_u for u in block I gets a partial from every key block J <= I, stored in
     # DPHI_PARTIAL[J, u] and summed in fixed order by _fpa_dphi_sum_kernel (deterministic, no atomics).
-    J = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    beta = tl.load(BETA + h).to(tl.float32)
-    bl2 = beta * LOG2E
-    sl2 = qk_scale * LOG2E
-    offs_n = J * BS + tl.arange(0, BS)
-    offs_d = tl.arange(0, D)
-    col_ok = offs_n < T
-    k = tl.load(K + b * s_kb + h * s_kh + offs_n[:, None] * s_kt + offs_d[None, :], mask=col_ok[:, None], other=0.0)
-    v = tl.load(V + b * s_vb + h * s_vh + offs_n[:, None] * s_vt + offs_d[None, :], mask=col_ok[:, None], other=0.0)
-    fbase = bh * Tp
+    J, bh, b, h, beta, bl2, sl2, fbase, offs_n, offs_d, k, v, seg_j, i_hi = _key_block(
+        K, V, SEGP, IHI, BETA, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, T, H, Tp, nB, qk_scale, BS, D, SEG)
     psi = tl.load(PSIP + fbase + offs_n)
-    seg_j = offs_n
-    i_hi = nB - 1
-    if SEG:
-        seg_j = tl.load(SEGP + b * Tp + offs_n)
-        i_hi = tl.load(IHI + b * nB + J)
     dk = tl.zeros([BS, D], tl.float32)
     dv = tl.zeros([BS, D], tl.float32)
     dpsi = tl.zeros([BS], tl.float32)
@@ -681,24 +698,12 @@ def _fpa_bwd_dipsum_kernel(
         dead = phi_i[None, :] < psi[:, None]  # [s, t]
         inner = tl.zeros([BS, BS], tl.float32)  # sum of dS[t, s] over t >= u inside block I, at [s, u]
         tile_sum = tl.zeros([BS], tl.float32)
-        if keep:
-            # transposed tile [s, t]
-            row_ok = offs_m < T
-            q = tl.load(Q + b * s_qb + h * s_qh + offs_m[:, None] * s_qt + offs_d[None, :], mask=row_ok[:, None],
-                        other=0.0)
-            do = tl.load(DO + b * s_ob + h * s_oh + offs_m[:, None] * s_ot + offs_d[None, :], mask=row_ok[:, None],
-                         other=0.0)
-            lse = tl.load(LSE + fbase + offs_m)
-            delta = tl.load(DELTA + fbase + offs_m)
+        if keep:  # transposed tile [s, t]
+            q, do, lse, delta = _query_rows(Q, DO, LSE, DELTA, b, h, fbase, offs_m, T, s_qb, s_qt, s_qh, s_ob, s_ot,
+                                            s_oh, offs_d)
             depth = carry[:, None] + tl.cumsum(tl.where(dead, phi_i[None, :] - psi[:, None], 0.0), axis=1)
-            sT = tl.dot(k, tl.trans(q), input_precision=PREC) * sl2 + depth * bl2
-            if SEG:
-                sT = tl.where(seg_j[:, None] == tl.load(SEGP + b * Tp + offs_m)[None, :], sT, -float("inf"))
-            pT = tl.exp2(sT - lse[None, :])
-            dv += tl.dot(pT.to(do.dtype), do, input_precision=PREC)
-            dpT = tl.dot(v, tl.trans(do), input_precision=PREC)
-            dsT = pT * (dpT - delta[None, :])
-            dk += tl.dot(dsT.to(q.dtype), q, input_precision=PREC)
+            dk, dv, dsT = _offdiag_key_tile(k, v, q, do, lse, delta, depth, seg_j, SEGP, b, Tp, offs_m, sl2, bl2,
+                                            dk, dv, PREC, SEG)
             inner = tl.cumsum(dsT, axis=1, reverse=True)
             b_s, tile_sum = tl.reduce((dsT * depth, dsT), 1, _add2)
             dbeta += b_s
@@ -710,34 +715,18 @@ def _fpa_bwd_dipsum_kernel(
         colsum += tile_sum
 
     # diagonal block (I = J), rows t, columns s, after every later block has joined colsum
-    offs_m = offs_n
-    row_ok = col_ok
-    phi = tl.load(PHIP + fbase + offs_m)
-    q = tl.load(Q + b * s_qb + h * s_qh + offs_m[:, None] * s_qt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-    do = tl.load(DO + b * s_ob + h * s_oh + offs_m[:, None] * s_ot + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-    lse = tl.load(LSE + fbase + offs_m)
-    delta = tl.load(DELTA + fbase + offs_m)
-    after = offs_m[:, None] > offs_n[None, :]
-    dead = after & (phi[:, None] < psi[None, :])
+    phi = tl.load(PHIP + fbase + offs_n)
+    q, do, lse, delta = _query_rows(Q, DO, LSE, DELTA, b, h, fbase, offs_n, T, s_qb, s_qt, s_qh, s_ob, s_ot, s_oh,
+                                    offs_d)
+    dead = (offs_n[:, None] > offs_n[None, :]) & (phi[:, None] < psi[None, :])
     depth = tl.cumsum(tl.where(dead, phi[:, None] - psi[None, :], 0.0), axis=0)
-    s = tl.dot(q, tl.trans(k), input_precision=PREC) * sl2 + depth * bl2
-    p = tl.exp2(s - lse[:, None])
-    p = tl.where((offs_m[:, None] >= offs_n[None, :]) & row_ok[:, None], p, 0.0)
-    if SEG:
-        p = tl.where(seg_j[:, None] == seg_j[None, :], p, 0.0)
-    dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision=PREC)
-    dp = tl.dot(do, tl.trans(v), input_precision=PREC)
-    ds = p * (dp - delta[:, None])
-    dk += tl.dot(tl.trans(ds).to(q.dtype), q, input_precision=PREC)
+    dk, dv, ds = _diagonal_key_tile(q, k, v, do, lse, delta, depth, seg_j, offs_n, T, sl2, bl2, dk, dv, PREC, SEG)
     xr = tl.where(dead, colsum[None, :] + tl.cumsum(ds, axis=0, reverse=True), 0.0)  # [u, s]
     dpsi -= beta * tl.sum(xr, axis=0)
     dbeta += tl.sum(ds * depth, axis=0)
-    tl.store(DPHI_PARTIAL + (bh * nB + J) * Tp + offs_m, beta * tl.sum(xr, axis=1))
+    tl.store(DPHI_PARTIAL + (bh * nB + J) * Tp + offs_n, beta * tl.sum(xr, axis=1))
 
-    tl.store(DK + b * s_dkb + h * s_dkh + offs_n[:, None] * s_dkt + offs_d[None, :],
-             (dk * qk_scale).to(DK.dtype.element_ty), mask=col_ok[:, None])
-    tl.store(DV + b * s_dvb + h * s_dvh + offs_n[:, None] * s_dvt + offs_d[None, :],
-             dv.to(DV.dtype.element_ty), mask=col_ok[:, None])
+    _store_key_grads(DK, DV, b, h, offs_n, offs_d, T, s_dkb, s_dkt, s_dkh, s_dvb, s_dvt, s_dvh, dk, dv, qk_scale)
     tl.store(DPSI + fbase + offs_n, dpsi)
     tl.store(DBETA + fbase + offs_n, dbeta)
 

@@ -19,7 +19,9 @@ tree() {
     mkdir -p "$dir/tests"
     cp -r fpa_lightning benchmarks pyproject.toml "$dir"/
     cp -r tests/conftest.py tests/ops "$dir/tests/"
-    (cd "$dir" && git apply "$(realpath "$1")")
+    local patch
+    patch=$(realpath "$1")
+    (cd "$dir" && { git apply "$patch" 2>/dev/null || patch -p1 -s < "$patch"; })
     echo "$dir"
 }
 

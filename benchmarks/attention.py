@@ -3,10 +3,13 @@
     PYTHONPATH=. python benchmarks/attention.py [--shapes 8x2048,4x4096,2x8192,1x16384] [--H 12] [--D 64]
 
 Methods: sdpa-flash, sdpa-cudnn (torch.nn.attention.sdpa_kernel), fox (FlexAttention), fpa (fused,
-no skipping), fpa-skip10 (skip_threshold=-10), selective and dcp (layer-shared bias through SDPA).
+no skipping), fpa-skip10 (skip_threshold=-10), the other FPA variants, fused: fpa-query (query level),
+fpa-dipsum (dip-sum reduction), fpa-docs (document masking: packed documents of geometric length, mean 1024
+tokens; SDPA-flash, its reference, attends across them), selective and dcp (layer-shared bias through SDPA).
 Inputs are fresh random non-zero tensors, bf16; FPA uses realistic walks: increments δ with a
 negative mean (−0.02 per token) and noise (0.3), φ = W + g, ψ = W + h, β = 1, so most old keys are
 dead, as in a trained model. Every time is also printed as a ratio to sdpa-flash from the same run.
+The launch environment variables of docs/kernel.md (FPA_<KERNEL>_...) apply, for A/B runs only.
 """
 from __future__ import annotations
 
@@ -29,6 +32,12 @@ def walks(B, T, H, device, *, drift=-0.02, noise=0.3, offset=0.5):
     phi = W + offset * torch.randn(B, T, H, device=device)
     psi = W + offset * torch.randn(B, T, H, device=device)
     return phi.float(), psi.float()
+
+
+def packed_documents(B, T, device, *, mean_length=1024, seed=0):
+    """(B, T) ids of packed documents: a new one starts at each token with probability 1/mean_length."""
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.rand(B, T, generator=gen) < 1.0 / mean_length).long().cumsum(1).to(device)
 
 
 def make_methods(B, T, H, D, device):
@@ -62,7 +71,7 @@ def make_methods(B, T, H, D, device):
 
     methods["fox-flex"] = fox
 
-    def fpa(thr):
+    def fpa(thr=None, **variant):
         from fpa_lightning.ops.fpa.fused import fpa_attention
 
         q, k, v = qkv()
@@ -70,10 +79,13 @@ def make_methods(B, T, H, D, device):
         phi.requires_grad_()
         psi.requires_grad_()
         beta = torch.ones(H, device=device, requires_grad=True)
-        return (lambda: fpa_attention(q, k, v, phi, psi, beta, skip_threshold=thr)), (q, k, v, phi, psi, beta)
+        return (lambda: fpa_attention(q, k, v, phi, psi, beta, skip_threshold=thr, **variant)), (q, k, v, phi, psi, beta)
 
-    methods["fpa"] = lambda: fpa(None)
+    methods["fpa"] = lambda: fpa()
     methods["fpa-skip10"] = lambda: fpa(-10.0)
+    methods["fpa-query"] = lambda: fpa(level="query")
+    methods["fpa-dipsum"] = lambda: fpa(reduction="dipsum")
+    methods["fpa-docs"] = lambda: fpa(segment_ids=packed_documents(B, T, device))
 
     def selective():
         from fpa_lightning.ops.selective import selective_attention_gpu
@@ -100,7 +112,7 @@ def profile_kernels(args):
 
     for shp in args.shapes.split(","):
         B, T = map(int, shp.split("x"))
-        for name in ("fpa", "fpa-skip10"):
+        for name in args.methods.split(",") if args.methods else ("fpa", "fpa-skip10"):
             f, leaves = make_methods(B, T, args.H, args.D, "cuda")[name]()
             do = torch.randn(B, T, args.H, args.D, device="cuda", dtype=torch.bfloat16)
             for _ in range(2):

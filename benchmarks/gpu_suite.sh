@@ -13,7 +13,7 @@ python3 -c "import torch, triton, lightning; print('torch', torch.__version__, '
 status=0
 python3 -m pytest -q -m gpu -p no:cacheprovider --continue-on-collection-errors ${TESTS:-tests} 2>&1 | tee "$results/gpu_tests.log" || status=1
 python3 benchmarks/attention.py 2>&1 | tee "$results/attention.log" || status=1
-python3 benchmarks/train_throughput.py --configs fpa fox sdpa --steps "${STEPS:-200}" \
+python3 benchmarks/train_throughput.py --configs fpa fox sdpa --steps "${STEPS:-200}" --profile-steps 5 \
     ${TOKENIZER:+--tokenizer "$TOKENIZER"} --json "$results/throughput.json" 2>&1 | tee "$results/throughput.log" || status=1
 python3 benchmarks/train_throughput.py --configs selective dcp --steps "${PEER_STEPS:-60}" --warmup 20 \
     ${TOKENIZER:+--tokenizer "$TOKENIZER"} --json "$results/throughput_peers.json" 2>&1 | tee "$results/throughput_peers.log" || status=1

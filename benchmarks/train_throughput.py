@@ -28,10 +28,12 @@ from modules.language_model import LanguageModel, OptimConfig
 
 
 class StepTimer(L.Callback):
-    """Wall time between the end of step `warmup` and the end of the last step, CUDA synchronised."""
+    """Wall time between the end of step `warmup` and the end of the last step, CUDA synchronised. With
+    `profile_steps`, the steps after those are profiled too (CUDA time per kernel group, after the timing ends)."""
 
-    def __init__(self, warmup: int):
+    def __init__(self, warmup: int, profile_steps: int = 0):
         self.warmup, self.start, self.end, self.timed_steps = warmup, None, None, 0
+        self.profile_steps, self.profiler, self.kernel_ms = profile_steps, None, {}
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         step = trainer.global_step
@@ -40,8 +42,33 @@ class StepTimer(L.Callback):
         torch.cuda.synchronize()
         if self.start is None:
             self.start = time.perf_counter()
-        else:
+        elif self.profiler is None:
             self.end, self.timed_steps = time.perf_counter(), self.timed_steps + 1
+        if self.profile_steps and step == trainer.max_steps - self.profile_steps:
+            from torch.profiler import ProfilerActivity, profile
+
+            self.profiler = profile(activities=[ProfilerActivity.CUDA])
+            self.profiler.__enter__()
+
+    def on_train_end(self, trainer, pl_module):
+        if self.profiler is None:
+            return
+        torch.cuda.synchronize()
+        self.profiler.__exit__(None, None, None)
+        for event in self.profiler.key_averages():
+            group = kernel_group(event.key)
+            self.kernel_ms[group] = self.kernel_ms.get(group, 0.0) + event.device_time_total / 1e3 / self.profile_steps
+
+
+def kernel_group(name: str) -> str:
+    """Coarse groups of CUDA kernels for the per-step profile: attention forward / backward, matmuls, the rest."""
+    low = name.lower()
+    if "_fpa_" in low or "flash" in low or "fmha" in low or "attention" in low or "flex" in low:
+        return "attention (" + ("backward" if "bwd" in low or "backward" in low or "_dq" in low or "dkdv" in low
+                                or "field" in low or "dipsum" in low or "dphi" in low else "forward") + ")"
+    if "gemm" in low or "matmul" in low or "sm90_xmma" in low or "cutlass" in low or "nvjet" in low:
+        return "matmuls"
+    return "other"
 
 
 VARIANTS = ("base", "compile", "document_mask")
@@ -55,7 +82,7 @@ def measure(backend: str, variant: str, args) -> dict:
     data = TextDataModule(
         source="offline", tokenizer=args.tokenizer, seq_len=2048, batch_size=args.batch_size, num_workers=args.workers
     )
-    timer = StepTimer(args.warmup)
+    timer = StepTimer(args.warmup, args.profile_steps)
     trainer = L.Trainer(
         accelerator="gpu", devices=1, precision="bf16-mixed", max_steps=args.steps, gradient_clip_val=1.0,
         logger=False, enable_checkpointing=False, enable_progress_bar=False, limit_val_batches=0,
@@ -73,6 +100,7 @@ def measure(backend: str, variant: str, args) -> dict:
         "tokens_per_s": tokens / seconds,
         "final_train_loss": float(trainer.callback_metrics.get("train/loss", float("nan"))),
         "peak_mem_GiB": torch.cuda.max_memory_allocated() / 2**30,
+        "cuda_ms_per_step": {k: round(v, 2) for k, v in sorted(timer.kernel_ms.items())},
     }
 
 
@@ -87,6 +115,9 @@ def main() -> None:
     parser.add_argument("--skip", type=float, default=None, help="FPA dead-block skip threshold (None = exact)")
     parser.add_argument("--tokenizer", default=None, help="a tokenizer.json (machines without mistral-common)")
     parser.add_argument("--json", default=None, help="write the results here")
+    parser.add_argument("--profile-steps", type=int, default=0,
+                        help="profile the last N steps (after the timed ones): CUDA ms per step by kernel group, "
+                             "which says what bounds FPA against softmax")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("train_throughput.py measures GPU training: no CUDA device is available")
@@ -108,6 +139,11 @@ def main() -> None:
         print(f"| {r['backend']}_110m | {r['variant']} | {','.join(r['impls'])} | {r['tokens_per_s']:,.0f} | "
               f"{rel(r['backend'])} | {rel('sdpa')} | {rel('fox')} | {r['peak_mem_GiB']:.1f} | "
               f"{r['final_train_loss']:.3f} |")
+    if args.profile_steps:
+        print("\nCUDA ms per step by kernel group (torch.profiler, the last --profile-steps steps):")
+        for r in results:
+            groups = ", ".join(f"{k} {v:.1f}" for k, v in r["cuda_ms_per_step"].items())
+            print(f"  {r['backend']} {r['variant']}: {groups}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"results": results, "args": vars(args)}, f, indent=1)

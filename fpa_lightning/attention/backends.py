@@ -160,17 +160,16 @@ class FpaBackend(AttentionBackend):
                               level=self.cfg.fpa_op_level)
 
     def fused_unsupported_reason(self):
-        if self.cfg.fpa_reduction != "min" or self.cfg.fpa_op_level != "key":
-            return "the Triton kernel implements the min reduction with a key level only"
+        # every variant is fused (reduction min or dipsum, level key or query; "none" and the stack form are key
+        # levels computed in `ingredients`): only the head dim can rule the kernel out
         if self.head_dim not in FPA_FUSED_HEAD_DIMS:
             return f"the Triton kernel supports head dims {FPA_FUSED_HEAD_DIMS}, got {self.head_dim}"
         return super().fused_unsupported_reason()
 
     def fused(self, q, k, v, ingredients, segment_ids=None):
-        # the kernel's document masking is keyword-only; without it the call is the one every kernel version takes
-        documents = {} if segment_ids is None else {"segment_ids": segment_ids}
-        return _fused_fpa(q, k, v, ingredients["phi"], ingredients["psi"], ingredients["beta"],
-                          scale=self.scale, skip_threshold=self.cfg.skip_threshold, **documents)
+        return _fused_fpa(q, k, v, ingredients["phi"], ingredients["psi"], ingredients["beta"], scale=self.scale,
+                          reduction=self.cfg.fpa_reduction, level=self.cfg.fpa_op_level,
+                          skip_threshold=self.cfg.skip_threshold, segment_ids=segment_ids)
 
     # decoding: per cached key s and head, its level ψ_s and the running path statistic of (s, t]: the minimum
     # m_s = min φ_u (min reduction) or the dip sum Σ min(0, φ_u − ψ_s) (dipsum); per row, the walk so far.

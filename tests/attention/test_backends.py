@@ -140,9 +140,9 @@ def test_impl_resolution_is_recorded_and_never_silent():
     cfg = ModelConfig(vocab_size=VOCAB, n_layer=1, d_model=48, n_head=3, d_mlp=40, attention=AttentionConfig(backend="fpa", impl="fused"))
     with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
         Decoder(cfg).attention_impls("cpu")
-    query_level = dataclasses.replace(cfg.attention, fpa_level="query")
-    with pytest.raises(ValueError, match="key level only"):
-        Decoder(dataclasses.replace(cfg, attention=query_level)).attention_impls("cuda")
+    for variant in ({"fpa_level": "query"}, {"fpa_reduction": "dipsum"}, {"fpa_level": "none"}, {"fpa_form": "stack"}):
+        fused_variant = dataclasses.replace(cfg, attention=dataclasses.replace(cfg.attention, **variant))
+        assert Decoder(fused_variant).attention_impls("cuda") == ["fpa:fused"], variant  # every variant is fused
     odd_dim = ModelConfig(vocab_size=VOCAB, n_layer=1, d_model=24, n_head=2, d_mlp=40, attention=AttentionConfig(backend="fpa", impl="fused"))
     with pytest.raises(ValueError, match="head dims"):
         Decoder(odd_dim).attention_impls("cuda")
@@ -151,3 +151,28 @@ def test_impl_resolution_is_recorded_and_never_silent():
     assert Decoder(auto).attention_impls("cuda") == ["fpa:fused"]
     sdpa = dataclasses.replace(cfg, attention=AttentionConfig(backend="sdpa"))
     assert Decoder(sdpa).attention_impls("cpu") == ["softmax:fused"]  # SDPA runs on any device
+
+
+@pytest.mark.parametrize("variant", ["fpa", "fpa-stack", "fpa-dipsum", "fpa-level-none", "fpa-level-query"])
+def test_fpa_fused_path_receives_its_variant(variant):
+    # The backend hands its variant to the Triton kernel (the CPU interpreter here, the GPU there): output and the
+    # gate parameters' gradients equal the materialised bias's, in float32.
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    cfg = AttentionConfig(backend="fpa", block_size=8, **VARIANTS[variant])
+    model = Decoder(ModelConfig(vocab_size=VOCAB, n_layer=1, d_model=32, n_head=2, d_mlp=40, attention=cfg)).to(device)
+    backend = model.blocks[0].attn.backend
+    with torch.no_grad():
+        for p in backend.parameters():
+            p.add_(0.1 * torch.randn(p.shape, generator=torch.Generator().manual_seed(2)).to(device))
+    gen = torch.Generator().manual_seed(5)
+    x, q, k, v = (torch.randn(shape, generator=gen).to(device) for shape in [(2, 21, 32)] + [(2, 21, 2, 16)] * 3)
+    results = []
+    for path in ("fused", "naive"):
+        backend.zero_grad()
+        ingredients = backend.ingredients(x, q, k)
+        out = (backend.fused(q, k, v, ingredients) if path == "fused"
+               else dense_attention(q, k, v, backend.dense_bias(ingredients), scale=backend.scale))
+        (out * torch.linspace(-1, 1, out.numel(), device=device).view_as(out)).sum().backward()
+        results.append([out.detach()] + [p.grad.clone() for p in backend.parameters()])
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)

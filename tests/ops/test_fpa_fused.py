@@ -1,9 +1,12 @@
 """The fused FPA kernel against the reference op (naive.py).
 
 CPU: through Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1 without CUDA), tiny
-shapes, block size 16, fp32 and fp16 (the interpreter's bf16 dot is wrong). GPU (marked `gpu`): ≥ 20 random shapes in bf16. Tolerance rule: the kernel's
-error against a float64 reference is at most 2× the error of the same-precision PyTorch reference
-(the naive op run on the same low-precision inputs), for the output and all six gradients.
+shapes, block size 16, fp32 and fp16 (the interpreter's bf16 dot is wrong). GPU (marked `gpu`): ≥ 20 random
+shapes in bf16. Tolerance rule: the kernel's error against a float64 reference is at most 2× the error of the
+same-precision PyTorch reference (the naive op run on the same low-precision inputs), for the output and all six
+gradients. The default variant (min, key level) has the most cases; every other variant (query level, dip-sum,
+document masking) gets the same kinds of case: small and T = 1, fp16, drift ±1000, oscillation, all alive, NaN
+poison with determinism, skipping, and bf16 shapes on the GPU.
 """
 from __future__ import annotations
 
@@ -71,6 +74,17 @@ def tile_paths(inputs):
     return n_fast, n_tiles - n_fast
 
 
+def oscillating(inputs, amplitude, freq, noise, roll):
+    """The inputs with a large oscillation, amplitude·sin(freq·t) plus noise·N(0, 1), added to φ, and to ψ shifted
+    by `roll` positions."""
+    q, k, v, phi, psi, beta = inputs
+    B, T, H = phi.shape
+    t = torch.arange(T, dtype=torch.float64)[None, :, None]
+    osc = amplitude * torch.sin(freq * t) + noise * torch.randn(B, T, H, generator=torch.Generator().manual_seed(3),
+                                                                dtype=torch.float64)
+    return q, k, v, phi + osc, psi + osc.roll(roll, 1), beta
+
+
 def rounded(inputs, do, dtype):
     """The inputs as the low-precision methods see them (q, k, v, do in `dtype`; phi, psi, beta in
     fp32), back in float64: their exact result is the reference that leaves input rounding out."""
@@ -78,13 +92,16 @@ def rounded(inputs, do, dtype):
     return low, do.to(dtype).double()
 
 
-def check_against_reference(inputs, do, dtype, device, *, factor=2.0, names=NAMES, exact_on_rounded=False, **kw):
+def check_against_reference(inputs, do, dtype, device, *, factor=2.0, names=NAMES, exact_on_rounded=False,
+                            variant=None, **kw):
     """Kernel error <= factor x the same-precision torch error (plus a few fp32 ulps), both measured
-    against float64: on the original inputs, or with `exact_on_rounded` on the rounded ones."""
+    against float64: on the original inputs, or with `exact_on_rounded` on the rounded ones. `variant`
+    (reduction, level, segment_ids) goes to both ops, `kw` (skip_threshold) to the kernel only."""
+    variant = variant or {}
     ref = run(naive_fpa_attention, *(rounded(inputs, do, dtype) if exact_on_rounded else (inputs, do)),
-              torch.float64, device)
-    same = run(naive_fpa_attention, inputs, do, dtype, device)
-    got = run(fpa_attention, inputs, do, dtype, device, **kw)
+              torch.float64, device, **variant)
+    same = run(naive_fpa_attention, inputs, do, dtype, device, **variant)
+    got = run(fpa_attention, inputs, do, dtype, device, **variant, **kw)
     for name, r, s, g in zip(NAMES, ref, same, got):
         if name not in names:
             continue
@@ -94,6 +111,32 @@ def check_against_reference(inputs, do, dtype, device, *, factor=2.0, names=NAME
         floor = 8 * torch.finfo(torch.float32).eps * (1.0 + r.abs().max().item())
         assert e_k <= factor * e_t + floor, f"{name}: kernel err {e_k:.3e} > {factor}x torch err {e_t:.3e}"
     return got
+
+
+def documents(B, T, *, seed=0, device=DEV, mean_length=9):
+    """(B, T) int64 ids of packed documents: contiguous runs of random length (1 up to ~2x mean_length),
+    non-decreasing along a row, so documents start and end inside blocks and cross block boundaries."""
+    gen = torch.Generator().manual_seed(seed)
+    starts = torch.rand(B, T, generator=gen) < 1.0 / mean_length
+    starts[:, 0] = False
+    return starts.long().cumsum(1).to(device)
+
+
+# The variants besides the default (min, key level): docs/method.md
+VARIANTS = {
+    "query": {"level": "query"},
+    "dipsum": {"reduction": "dipsum"},
+}
+
+
+def variant_kwargs(name, B, T, device=DEV, seed=0):
+    """Keyword arguments of a named variant; "+docs" adds document masking (packed documents of mean length
+    max(9, T/8): several per block in the interpreter's tiny tests, whole skipped tiles at GPU sizes)."""
+    base, _, docs = name.partition("+")
+    kw = dict(VARIANTS.get(base, {}))
+    if docs:
+        kw["segment_ids"] = documents(B, T, seed=seed, device=device, mean_length=max(9, T // 8))
+    return kw
 
 
 # ------------------------------------------------------------------------------------------------
@@ -121,10 +164,7 @@ def test_drift_1000(drift):
 
 def test_wild_oscillation():
     inputs, do = make_inputs(1, 37, 2, 16, seed=2)
-    q, k, v, phi, psi, beta = inputs
-    t = torch.arange(37, dtype=torch.float64)[None, :, None]
-    osc = 300.0 * torch.sin(1.7 * t) + 50.0 * torch.randn(1, 37, 2, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
-    check_against_reference((q, k, v, phi + osc, psi + osc.roll(1, 1), beta), do, torch.float32, DEV)
+    check_against_reference(oscillating(inputs, 300.0, 1.7, 50.0, 1), do, torch.float32, DEV)
 
 
 @pytest.mark.parametrize("drift", [-0.3, 0.2])
@@ -181,19 +221,22 @@ def test_every_output_element_is_written(monkeypatch):
         assert torch.isfinite(g).all(), name
 
 
-def _skip_bound_check(inputs, do, dtype, device, thr):
+def _skip_bound_check(inputs, do, dtype, device, thr, variant=None):
     """|o_skip − o| ≤ 2·m_t·max|v| per row t, m_t = probability mass of pairs with bias < thr
     (every skipped pair has bias < thr, so the skipped mass is at most m_t; renormalising the kept
     keys moves the output by at most m·max|v| and dropping the skipped ones by another m·max|v|)."""
-    q, k, v, phi, psi, beta = inputs
-    full = run(fpa_attention, inputs, do, dtype, device)
-    skip = run(fpa_attention, inputs, do, dtype, device, skip_threshold=thr)
+    variant = variant or {}
+    full = run(fpa_attention, inputs, do, dtype, device, **variant)
+    skip = run(fpa_attention, inputs, do, dtype, device, skip_threshold=thr, **variant)
+    from fpa_lightning.ops.common import same_document
     from fpa_lightning.ops.fpa.naive import fpa_bias
 
     q, k, v, phi, psi, beta = (t.to(device) for t in inputs)
-    bias = fpa_bias(phi, psi, beta)  # (B, H, T, T)
+    bias = fpa_bias(phi, psi, beta, reduction=variant.get("reduction", "min"), level=variant.get("level", "key"))
     D = q.shape[-1]
-    logits = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(D) + bias
+    logits = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(D) + bias  # (B, H, T, T)
+    if variant.get("segment_ids") is not None:
+        logits = logits.masked_fill(~same_document(variant["segment_ids"]), float("-inf"))
     p = logits.softmax(-1)
     m = (p * (bias < thr)).sum(-1).cpu()  # (B, H, T)
     vmax = v.abs().amax(dim=(1, 3)).cpu()  # (B, H)
@@ -212,6 +255,106 @@ def test_skipping_error_is_bounded():
     inputs, do = make_inputs(1, T, 2, 16, drift=-1.0, step=0.5, seed=7, beta_lo=1.0)
     full, skip, m = _skip_bound_check(inputs, do, torch.float32, DEV, thr=-3.0)
     assert max_err(full[0], skip[0]) > 0, "no tile was skipped: the test does not exercise skipping"
+
+
+# ------------------------------------------------------------------------------------------------
+# The other variants (query level, dip-sum) and document masking ("+docs"), CPU and GPU alike
+# ------------------------------------------------------------------------------------------------
+VARIANT_NAMES = ["query", "dipsum", "min+docs", "query+docs", "dipsum+docs"]
+
+
+@pytest.mark.parametrize("name,T,skip", [(name, 37, None) for name in VARIANT_NAMES] + [
+    ("query", 1, None), ("dipsum", 1, None), ("query", 37, -1e30), ("dipsum+docs", 37, -1e30), ("min+docs", 37, -1e30)])
+def test_variant_matches_reference(name, T, skip):
+    # skip_threshold=-1e30 keeps every tile but runs the skipping configuration (sub-tiles in the backward)
+    B = 2 if name == "min+docs" else 1  # the document tables are per batch row
+    inputs, do = make_inputs(B, T, 1, 16, drift=-0.3, step=1.5, seed=T + 1)
+    check_against_reference(inputs, do, torch.float32, DEV, variant=variant_kwargs(name, B, T, seed=T),
+                            **({} if skip is None else {"skip_threshold": skip}))
+
+
+@pytest.mark.parametrize("name", ["query", "dipsum+docs"])
+def test_variant_fp16_matches_reference(name):
+    inputs, do = make_inputs(1, 37, 1, 16, drift=-0.3, step=1.5, seed=9)
+    check_against_reference(inputs, do, torch.float16, DEV, exact_on_rounded=True, variant=variant_kwargs(name, 1, 37))
+
+
+@pytest.mark.parametrize("drift", [1000.0 / 37, -1000.0 / 37])
+@pytest.mark.parametrize("name", ["query", "dipsum"])
+def test_variant_drift_1000(name, drift):
+    inputs, do = make_inputs(1, 37, 1, 16, drift=drift, step=3.0, seed=1)
+    check_against_reference(inputs, do, torch.float32, DEV, variant=variant_kwargs(name, 1, 37))
+
+
+@pytest.mark.parametrize("name", ["query", "dipsum"])
+def test_variant_wild_oscillation(name):
+    inputs, do = make_inputs(1, 37, 1, 16, seed=2)
+    check_against_reference(oscillating(inputs, 300.0, 1.7, 50.0, 1), do, torch.float32, DEV,
+                            variant=variant_kwargs(name, 1, 37))
+
+
+@pytest.mark.parametrize("name", ["query", "dipsum+docs"])
+def test_variant_all_alive_gives_exactly_zero_field_grads(name):
+    inputs, do = make_inputs(1, 37, 1, 16, alive=True, seed=4)
+    got = run(fpa_attention, inputs, do, torch.float32, DEV, **variant_kwargs(name, 1, 37))
+    assert (got[4] == 0).all() and (got[5] == 0).all() and (got[6] == 0).all()
+
+
+@pytest.mark.parametrize("name", ["query", "dipsum+docs", "min+docs"])
+def test_variant_writes_every_element_deterministically(name, monkeypatch):
+    monkeypatch.setattr(fused_mod, "TEST_HOOK_POISON_OUTPUTS", True)
+    inputs, do = make_inputs(1, 37, 1, 16, drift=-0.5, seed=6)
+    kw = variant_kwargs(name, 1, 37, seed=6)
+    a = run(fpa_attention, inputs, do, torch.float32, DEV, **kw)
+    b = run(fpa_attention, inputs, do, torch.float32, DEV, **kw)
+    for n, x, y in zip(NAMES, a, b):
+        assert torch.isfinite(x).all(), n
+        assert torch.equal(x, y), n
+
+
+def _variant_skipping_check(name, device):
+    # Tiles just below the threshold, so that skipping them moves the output measurably. Min reduction: a valley
+    # of depth ~T/8 in the middle of the walk (keys before it and queries after it are dead at either level).
+    # Dip-sum: a steady descent, D(t, s) ≈ drift·(t − s)²/2, about −5 at two blocks' distance.
+    BS = fused_mod._block_size()
+    T = 400 if BS == 64 else 64
+    t = torch.arange(T, dtype=torch.float64)[None, :, None]
+    H = 1 if BS == 16 else 2  # H = 1 keeps the interpreter quick; the GPU's compilations are shared with H = 2
+    if name == "dipsum":
+        inputs, do = make_inputs(1, T, H, 16, step=0.0, offset=0.05, seed=7, beta_lo=1.0)
+        q, k, v, phi, psi, beta = inputs
+        walk = -10.0 / (BS + 1) ** 2 * t
+    else:
+        inputs, do = make_inputs(1, T, H, 16, step=0.5, seed=7, beta_lo=1.0)
+        q, k, v, phi, psi, beta = inputs
+        walk = 0.25 * ((t - T / 2).abs() - T / 2)
+    inputs = (q, k, v, phi + walk, psi + walk, beta)
+    variant = variant_kwargs(name, 1, T, device)
+    if "segment_ids" in variant:  # two documents, the valley inside the second
+        variant["segment_ids"] = (torch.arange(T, device=device) >= T // 8).long()[None]
+    full, skip, m = _skip_bound_check(inputs, do, torch.float32, device, thr=-3.0, variant=variant)
+    assert max_err(full[0], skip[0]) > 0, "no tile was skipped: the test does not exercise skipping"
+
+
+@pytest.mark.parametrize("name", ["query", "dipsum", "min+docs"])
+def test_variant_skipping_error_is_bounded(name):
+    _variant_skipping_check(name, DEV)
+
+
+def test_documents_with_any_ids_match_reference():
+    # ids need not be contiguous or sorted: a query attends to every earlier key with its id (the walk bounds
+    # hold for any ids; only their tightness needs packed documents)
+    inputs, do = make_inputs(2, 37, 1, 16, drift=-0.3, step=1.5, seed=10)
+    ids = torch.randint(0, 3, (2, 37), generator=torch.Generator().manual_seed(4)).to(DEV)
+    check_against_reference(inputs, do, torch.float32, DEV, variant={"segment_ids": ids})
+
+
+def test_walk_bounds_of_documents():
+    # per block: the lowest key block / highest query block that can share a document (BS = 4 here)
+    ids = torch.tensor([[0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 2, 3, 3]])  # blocks [0 0 0 0] [0 1 1 1] [1 1 1 2] [3 3 .]
+    seg, jlo, ihi = fused_mod._segment_tables(ids, 4, 4)
+    assert seg.shape == (1, 16) and seg[0, -2:].tolist() == [3, 3]
+    assert jlo.tolist() == [[0, 0, 1, 3]] and ihi.tolist() == [[1, 2, 2, 3]]
 
 
 def test_value_errors():
@@ -235,6 +378,14 @@ def test_value_errors():
         fpa_attention(q[0], k[0], v[0], phi, psi, beta)
     with pytest.raises(ValueError, match="skip_threshold"):
         fpa_attention(q, k, v, phi, psi, beta, skip_threshold=1.0)
+    with pytest.raises(ValueError, match="reduction"):
+        fpa_attention(q, k, v, phi, psi, beta, reduction="max")
+    with pytest.raises(ValueError, match="dipsum"):
+        fpa_attention(q, k, v, phi, psi, beta, reduction="dipsum", level="query")
+    with pytest.raises(ValueError, match="segment_ids"):
+        fpa_attention(q, k, v, phi, psi, beta, segment_ids=torch.zeros(1, 7, dtype=torch.long, device=DEV))
+    with pytest.raises(ValueError, match="integer"):
+        fpa_attention(q, k, v, phi, psi, beta, segment_ids=torch.zeros(1, 8, device=DEV))
 
 
 def test_non_cuda_tensors_rejected_outside_interpreter(monkeypatch):
@@ -293,10 +444,7 @@ def test_gpu_drift_1000(drift):
 @pytest.mark.gpu
 def test_gpu_wild_oscillation():
     inputs, do = make_inputs(1, 1200, 2, 64, seed=13)
-    q, k, v, phi, psi, beta = inputs
-    t = torch.arange(1200, dtype=torch.float64)[None, :, None]
-    osc = 400.0 * torch.sin(0.9 * t) + 60.0 * torch.randn(1, 1200, 2, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
-    check_against_reference((q, k, v, phi + osc, psi + osc.roll(3, 1), beta), do, torch.bfloat16, "cuda")
+    check_against_reference(oscillating(inputs, 400.0, 0.9, 60.0, 3), do, torch.bfloat16, "cuda")
 
 
 @pytest.mark.gpu
@@ -318,3 +466,74 @@ def test_gpu_skipping_error_is_bounded():
     inputs, do = make_inputs(1, 2048, 2, 64, drift=-0.05, step=1.0, seed=16, beta_lo=1.0)
     full, skip, m = _skip_bound_check(inputs, do, torch.float32, "cuda", thr=-10.0)
     assert max_err(full[0], skip[0]) > 0
+
+
+# H = 2 and T > 64 except for the T = 1 case: Triton compiles a kernel again for every integer argument that is 1
+# or a multiple of 16 where it was not, so these shapes share two compilations per variant (T = 1024 is the
+# benchmark's case).
+GPU_VARIANT_SHAPES = [(2, 100, 2, 64), (2, 777, 2, 64), (1, 1024, 2, 64), (1, 2049, 2, 64)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", GPU_VARIANT_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("name", VARIANT_NAMES)
+def test_gpu_variant_bf16_shapes(name, shape):
+    B, T, H, D = shape
+    inputs, do = make_inputs(B, T, H, D, drift=-0.05, step=1.0, seed=T)
+    check_against_reference(inputs, do, torch.bfloat16, "cuda", variant=variant_kwargs(name, B, T, "cuda", seed=T))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(1, 1, 2, 64), (1, 1500, 2, 128), (1, 257, 2, 16)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("name", ["query", "dipsum"])
+def test_gpu_variant_head_dims_and_one_token(name, shape):
+    B, T, H, D = shape
+    inputs, do = make_inputs(B, T, H, D, drift=-0.1, step=1.0, seed=T)
+    check_against_reference(inputs, do, torch.bfloat16, "cuda", variant=variant_kwargs(name, B, T, "cuda"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["query", "dipsum"])
+def test_gpu_variant_fp16_against_exact_on_rounded_inputs(name):
+    inputs, do = make_inputs(2, 600, 2, 64, drift=-0.1, seed=11)
+    check_against_reference(inputs, do, torch.float16, "cuda", exact_on_rounded=True,
+                            variant=variant_kwargs(name, 2, 600, "cuda"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("drift", [1000.0 / 1500, -1000.0 / 1500])
+@pytest.mark.parametrize("name", ["query", "dipsum"])
+def test_gpu_variant_drift_1000(name, drift):
+    inputs, do = make_inputs(1, 1500, 2, 64, drift=drift, step=2.0, seed=12)
+    check_against_reference(inputs, do, torch.bfloat16, "cuda", variant=variant_kwargs(name, 1, 1500, "cuda"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["query", "dipsum"])
+def test_gpu_variant_wild_oscillation(name):
+    inputs, do = make_inputs(1, 1200, 2, 64, seed=13)
+    check_against_reference(oscillating(inputs, 400.0, 0.9, 60.0, 3), do, torch.bfloat16, "cuda",
+                            variant=variant_kwargs(name, 1, 1200, "cuda"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["query", "dipsum+docs", "min+docs"])
+def test_gpu_variant_all_alive_and_deterministic_and_written(name, monkeypatch):
+    inputs, do = make_inputs(2, 1000, 2, 64, alive=True, seed=14)
+    got = run(fpa_attention, inputs, do, torch.bfloat16, "cuda", **variant_kwargs(name, 2, 1000, "cuda"))
+    assert (got[4] == 0).all() and (got[5] == 0).all() and (got[6] == 0).all()
+    monkeypatch.setattr(fused_mod, "TEST_HOOK_POISON_OUTPUTS", True)
+    inputs, do = make_inputs(2, 1001, 2, 64, drift=-0.2, seed=15)
+    kw = variant_kwargs(name, 2, 1001, "cuda", seed=15)
+    a = run(fpa_attention, inputs, do, torch.bfloat16, "cuda", **kw)
+    b = run(fpa_attention, inputs, do, torch.bfloat16, "cuda", **kw)
+    for n, x, y in zip(NAMES, a, b):
+        assert torch.isfinite(x).all(), n
+        assert torch.equal(x, y), n
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["query", "dipsum", "min+docs"])
+def test_gpu_variant_skipping_error_is_bounded(name):
+    _variant_skipping_check(name, "cuda")

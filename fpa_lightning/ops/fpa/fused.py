@@ -1,11 +1,14 @@
 """Fused FPA attention (Triton): the fast path of `naive_fpa_attention`, same signature and semantics.
 
-    fpa_attention(q, k, v, phi, psi, beta, *, scale=None, skip_threshold=None) -> (B, T, H, D)
+    fpa_attention(q, k, v, phi, psi, beta, *, scale=None, reduction="min", level="key", segment_ids=None,
+                  skip_threshold=None) -> (B, T, H, D)
 
 q, k, v: (B, T, H, D) in bf16/fp16 (fp32 allowed); phi, psi: (B, T, H) fp32; beta: (H,) fp32.
-Causal; exact range-minimum forward; straight-through soft-minimum backward (τ = 1) with gradients
-for q, k, v, phi, psi and beta. `skip_threshold` (a negative float, e.g. -10; None = off) skips every
-(query block, key block) tile whose bias is provably below the threshold, in forward and backward.
+Causal; exact range-minimum (or dip-sum) forward; straight-through soft-minimum backward (τ = 1) with
+gradients for q, k, v, phi, psi and beta. Every variant of docs/method.md is fused: `reduction` "min" or
+"dipsum", `level` "key" or "query" (the "none" level and the stack form are key levels computed upstream).
+`segment_ids` (B, T) masks attention across documents. `skip_threshold` (a negative float, e.g. -10; None =
+off) skips every (query block, key block) tile whose bias is provably below it, in forward and backward.
 
 Layout follows fla: input checks here, one autograd.Function, kernels in kernels.py.
 """
@@ -18,6 +21,7 @@ import torch
 import triton
 
 from fpa_lightning.ops.fpa import kernels
+from fpa_lightning.ops.fpa.naive import check_variant
 
 HEAD_DIMS = (16, 32, 64, 128)
 """Head dims the kernels are built for (the attention backends refuse others for impl='fused')."""
@@ -56,20 +60,96 @@ _LAUNCH = {
     "fwd": {"num_warps": 4, "num_stages": 3},
     "dq": {"num_warps": 4, "num_stages": 3},
     "dkdv": {"num_warps": 4, "num_stages": 2},
+    "field": {"num_warps": 4, "num_stages": 3},
+    "dip_carry": {"num_warps": 4, "num_stages": 2},
+    "dipsum_bwd": {"num_warps": 4, "num_stages": 2},
+    "dphi_sum": {"num_warps": 1, "num_stages": 2},
+}
+# With skipping (KERNEL_LOG.md, v8): the backward tiles run as two sub-tiles of 32 keys (dq) or 32 queries (dk/dv),
+# whose temporaries die in turn, under a register cap of 168, so three blocks fit on an SM. On the H200 this took
+# fwd+bwd with skipping from 1.57/1.12/0.82/0.66x to 1.44/1.02/0.74/0.56x SDPA-flash (8x2k .. 1x16k); without
+# skipping the same change gained nothing (1.84/1.73/1.66/1.67x against 1.85/1.72/1.64/1.59x), so dense keeps v7's.
+_LAUNCH_SKIP = {
+    "dq": {"num_warps": 4, "num_stages": 2, "maxnreg": 168},
+    "dkdv": {"num_warps": 4, "num_stages": 2, "maxnreg": 168},
+}
+_SUBTILES_SKIP = {"dq": 2, "dkdv": 2}
+
+
+def _env_override(kernel: str, suffix: str) -> int | None:
+    """FPA_<KERNEL>_<SUFFIX> as an int, or None. For A/B benchmarks only (benchmarks/attention.py, KERNEL_LOG.md)."""
+    value = os.environ.get(f"FPA_{kernel.upper()}_{suffix}")
+    return int(value) if value else None
+
+
+def _launch_cfg(kernel: str, skip: bool) -> dict:
+    """Launch config of a kernel ("fwd", "dq", "dkdv", ...). FPA_<KERNEL>_{WARPS,STAGES,MAXNREG} override it for
+    A/B benchmarks (MAXNREG=0 removes a cap); nothing else reads them."""
+    if _interpreting():
+        return {}
+    cfg = dict(_LAUNCH_SKIP.get(kernel, _LAUNCH[kernel]) if skip else _LAUNCH[kernel])
+    for key, suffix in (("num_warps", "WARPS"), ("num_stages", "STAGES"), ("maxnreg", "MAXNREG")):
+        value = _env_override(kernel, suffix)
+        if value is not None:
+            cfg[key] = value
+    if not cfg.get("maxnreg"):
+        cfg.pop("maxnreg", None)
+    return cfg
+
+
+def _subtiles(kernel: str, skip: bool) -> int:
+    """Sub-tiles per 64-wide tile of the dq ("dq") or dk/dv ("dkdv") kernel; FPA_<KERNEL>_SUBTILES for A/B only."""
+    value = _env_override(kernel, "SUBTILES")
+    return value if value is not None else (_SUBTILES_SKIP[kernel] if skip else 1)
+
+
+_KERNELS = {
+    "dip_carry": kernels._fpa_dip_carry_kernel,
+    "fwd": kernels._fpa_fwd_kernel,
+    "dq": kernels._fpa_bwd_dq_kernel,
+    "dkdv": kernels._fpa_bwd_dkdv_kernel,
+    "field": kernels._fpa_field_kernel,
+    "dipsum_bwd": kernels._fpa_bwd_dipsum_kernel,
+    "dphi_sum": kernels._fpa_dphi_sum_kernel,
 }
 
 
-def _launch_cfg(D: int, kernel: str):
-    """Launch config of "fwd", "dq" or "dkdv". FPA_<KERNEL>_{WARPS,STAGES,MAXNREG} override it for
-    A/B benchmarks (benchmarks/attention.py); nothing else reads them."""
-    if _interpreting():
-        return {}
-    cfg = dict(_LAUNCH[kernel])
-    for key, suffix in (("num_warps", "WARPS"), ("num_stages", "STAGES"), ("maxnreg", "MAXNREG")):
-        value = os.environ.get(f"FPA_{kernel.upper()}_{suffix}")
-        if value:
-            cfg[key] = int(value)
-    return cfg
+def _constexprs(D: int, dtype: torch.dtype, *, skip: bool, level: str, reduction: str, segments: bool) -> dict:
+    """The compile-time parameters of every kernel for one variant: the single source for launches and for the
+    offline compile statistics (benchmarks/kernel_offline.py)."""
+    BS = _block_size()
+    prec = "ieee" if dtype == torch.float32 else "tf32"
+    qlevel, dipsum = level == "query", reduction == "dipsum"
+    common = {"BS": BS, "D": D, "SKIP": skip, "PREC": prec, "SEG": segments}
+    return {
+        "dip_carry": {"BS": BS, "SEG": segments},
+        "fwd": {**common, "STORE32": True, "QLEVEL": qlevel, "DIPSUM": dipsum},
+        "dq": {**common, "FAST": not _interpreting(), "CB": _chunk(), "NSUB": _subtiles("dq", skip),
+               "QLEVEL": qlevel, "DIPSUM": dipsum},
+        "dkdv": {**common, "MSUB": _subtiles("dkdv", skip), "QLEVEL": qlevel},
+        "field": {"BS": BS, "D": D, "CB": _chunk(), "PREC": prec, "QLEVEL": qlevel, "SEG": segments},
+        "dipsum_bwd": common,
+        "dphi_sum": {"BS": BS, "SEG": segments},
+    }
+
+
+def _kernels_of(reduction: str) -> tuple[str, ...]:
+    """The kernels one call runs, in launch order (forward, then backward)."""
+    if reduction == "dipsum":
+        return ("dip_carry", "fwd", "dq", "dipsum_bwd", "dphi_sum")
+    return ("fwd", "dq", "dkdv", "field")
+
+
+def kernel_plan(D: int = 64, *, skip: bool = False, level: str = "key", reduction: str = "min",
+                segments: bool = False, dtype: torch.dtype = torch.bfloat16) -> list[tuple[str, object, dict, dict]]:
+    """[(name, kernel, constexprs, launch config)] of one variant, as `fpa_attention` launches them (the prep
+    kernel aside): what benchmarks/kernel_offline.py compiles."""
+    cx = _constexprs(D, dtype, skip=skip, level=level, reduction=reduction, segments=segments)
+    return [(name, _KERNELS[name], cx[name], _launch_cfg(name, skip) or _LAUNCH[name]) for name in _kernels_of(reduction)]
+
+
+def _launch(name: str, grid, cx: dict, skip: bool, *args, **overrides) -> None:
+    _KERNELS[name][grid](*args, **{**cx[name], **overrides}, **_launch_cfg(name, skip))
 
 
 def _prep(phi, psi, BS):
@@ -92,88 +172,135 @@ def _prep(phi, psi, BS):
     return phip, psip, suf, zsuf, pre, zpre, bmin, zblk, minsuf
 
 
+def _segment_tables(segment_ids: torch.Tensor, BS: int, nB: int):
+    """Document ids padded to (B, Tp) int32, and per block the walk bounds (B, nB) int32 of docs/kernel.md §3:
+    jlo[I] = the lowest key block that can share a document with query block I, ihi[J] = the highest query block
+    that can share one with key block J. Both hold for any ids (from block minima and maxima); for contiguous
+    documents they are tight. No host synchronisation."""
+    B, T = segment_ids.shape
+    Tp = nB * BS
+    seg = segment_ids.to(torch.int32)
+    if Tp > T:  # padding repeats the last id: block minima and maxima stay those of the real positions
+        seg = torch.cat([seg, seg[:, -1:].expand(B, Tp - T)], dim=1)
+    seg = seg.contiguous()
+    blocks = seg.view(B, nB, BS)
+    smin, smax = blocks.amin(dim=-1), blocks.amax(dim=-1)  # (B, nB)
+    # key block J can hold query block I's ids only if smax[J] >= smin[I]: the first J where the running max reaches it
+    jlo = torch.searchsorted(smax.cummax(dim=-1).values.contiguous(), smin.contiguous(), side="left")
+    # query block I can hold key block J's ids only if smin[I] <= smax[J]: the last I whose suffix minimum allows it
+    suffix_min = smin.flip(-1).cummin(dim=-1).values.flip(-1).contiguous()
+    ihi = torch.searchsorted(suffix_min, smax.contiguous(), side="right") - 1
+    return seg, jlo.to(torch.int32).contiguous(), ihi.to(torch.int32).contiguous()
+
+
+def _dip_carry(phip, psip, seg_tables, B, H, Tp, nB, cx, skip):
+    """Dip-sum's CARRY table (B*H, nB, Tp): C[I, s] = sum over s < u < start of block I of min(0, phi_u - psi_s),
+    written for key blocks J < I (up to ihi[J] with segments)."""
+    carry = _empty((B * H, nB, Tp), dtype=torch.float32, device=phip.device)
+    ihi = seg_tables[2] if seg_tables is not None else phip
+    _launch("dip_carry", (nB, B * H), cx, skip, phip, psip, carry, ihi, H, Tp, nB)
+    return carry
+
+
 class _FPAFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, phi, psi, beta, scale, skip_threshold):
+    def forward(ctx, q, k, v, phi, psi, beta, scale, skip_threshold, reduction, level, segment_ids):
         B, T, H, D = q.shape
         BS = _block_size()
         nB = triton.cdiv(T, BS)
         Tp = nB * BS
+        skip = skip_threshold is not None
+        seg_tables = _segment_tables(segment_ids, BS, nB) if segment_ids is not None else None
+        cx = _constexprs(D, q.dtype, skip=skip, level=level, reduction=reduction, segments=seg_tables is not None)
         prep = _prep(phi, psi, BS)
         phip, psip, suf, zsuf, pre, zpre, bmin, zblk, minsuf = prep
         o = _empty((B, T, H, D), dtype=q.dtype, device=q.device)
         lse = _empty((B * H, Tp), dtype=torch.float32, device=q.device)
-        skip = skip_threshold is not None
-        prec = "ieee" if q.dtype == torch.float32 else "tf32"
         need_grad = any(ctx.needs_input_grad[:6])
         o32 = _empty((B * H, Tp, D), dtype=torch.float32, device=q.device) if need_grad else lse
-        kernels._fpa_fwd_kernel[(nB, B * H)](
+        # the dip-sum table is recomputed in the backward rather than kept: it is (B*H, nB, Tp)
+        carry = _dip_carry(phip, psip, seg_tables, B, H, Tp, nB, cx, skip) if reduction == "dipsum" else lse
+        segp, jlo, _ = seg_tables if seg_tables is not None else (lse, lse, lse)
+        _launch(
+            "fwd", (nB, B * H), cx, skip,
             q, k, v, o, o32, lse,
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
-            phip, psip, suf, pre, bmin, beta,
-            T, H, Tp, nB, scale, float(skip_threshold) if skip else 0.0,
-            BS=BS, D=D, SKIP=skip, PREC=prec, STORE32=need_grad, **_launch_cfg(D, "fwd"),
+            phip, psip, suf, pre, bmin, carry, segp, jlo, beta,
+            T, H, Tp, nB, scale, float(skip_threshold) if skip else 0.0, STORE32=need_grad,
         )
         ctx.save_for_backward(q, k, v, beta, o32, lse, *prep)
-        ctx.cfg = (scale, skip_threshold, BS)
+        ctx.seg_tables = seg_tables
+        ctx.cfg = (scale, skip_threshold, reduction, cx)
         return o
 
     @staticmethod
     def backward(ctx, do):
         q, k, v, beta, o32, lse, phip, psip, suf, zsuf, pre, zpre, bmin, zblk, minsuf = ctx.saved_tensors
-        scale, skip_threshold, BS = ctx.cfg
+        scale, skip_threshold, reduction, cx = ctx.cfg
         B, T, H, D = q.shape
+        BS = cx["fwd"]["BS"]
         nB = triton.cdiv(T, BS)
         Tp = nB * BS
         BH = B * H
         dev = q.device
         skip = skip_threshold is not None
-        prec = "ieee" if q.dtype == torch.float32 else "tf32"
         threshold = float(skip_threshold) if skip else 0.0
+        dipsum = reduction == "dipsum"
+        segp, jlo, ihi = ctx.seg_tables if ctx.seg_tables is not None else (lse, lse, lse)
         if do.stride(-1) != 1:
             do = do.contiguous()
         dq = _empty(q.shape, dtype=q.dtype, device=dev)
         dk = _empty(k.shape, dtype=k.dtype, device=dev)
         dv = _empty(v.shape, dtype=v.dtype, device=dev)
         delta = _empty((BH, Tp), dtype=torch.float32, device=dev)
-        csum = _empty((BH, Tp), dtype=torch.float32, device=dev)
-        # a_s partials per (query block I, key position s) and kappa[J, I]: only J < I is written and read
-        a_partial = _empty((BH, nB, Tp), dtype=torch.float32, device=dev)
-        kappa = _empty((BH, nB, nB), dtype=torch.float32, device=dev)
+        # min: a_s partials per (query block I, key position s), only J < I written and read;
+        # dip-sum: dphi partials per (key block J, position u), only J <= block of u
+        partial = _empty((BH, nB, Tp), dtype=torch.float32, device=dev)
+        csum = _empty((BH, Tp), dtype=torch.float32, device=dev) if not dipsum else lse
+        kappa = _empty((BH, nB, nB), dtype=torch.float32, device=dev) if not dipsum else lse
+        carry = _dip_carry(phip, psip, ctx.seg_tables, B, H, Tp, nB, cx, skip) if dipsum else lse
         dphi = _empty((BH, Tp), dtype=torch.float32, device=dev)
         dpsi = _empty((BH, Tp), dtype=torch.float32, device=dev)
         dbeta = _empty((BH, Tp), dtype=torch.float32, device=dev)
         qkv_strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                        v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))
-        kernels._fpa_bwd_dq_kernel[(nB, BH)](
+        dkdv_strides = (dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2))
+        _launch(
+            "dq", (nB, BH), cx, skip,
             q, k, v, do, dq, *qkv_strides, dq.stride(0), dq.stride(1), dq.stride(2),
-            lse, o32, delta, phip, psip, suf, zsuf, pre, zpre, bmin, zblk, minsuf, beta,
-            csum, a_partial, kappa,
+            lse, o32, delta, phip, psip, suf, zsuf, pre, zpre, bmin, zblk, minsuf, carry, segp, jlo, beta,
+            csum, partial, kappa, dpsi, dbeta,
             T, H, Tp, nB, scale, threshold,
-            BS=BS, D=D, SKIP=skip, PREC=prec, FAST=not _interpreting(), CB=_chunk(), **_launch_cfg(D, "dq"),
         )
-        kernels._fpa_bwd_dkdv_kernel[(nB, BH)](
-            q, k, v, do, dk, dv, *qkv_strides,
-            dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
-            lse, delta, phip, psip, suf, pre, bmin, beta,
-            dpsi, dbeta,
-            T, H, Tp, nB, scale, threshold,
-            BS=BS, D=D, SKIP=skip, PREC=prec, **_launch_cfg(D, "dkdv"),
-        )
-        kernels._fpa_field_kernel[(nB, BH)](
-            q, k, v, do, *qkv_strides,
-            lse, delta, phip, psip, suf, pre, bmin, beta, kappa, csum, a_partial, dphi,
-            T, H, Tp, nB, scale,
-            BS=BS, D=D, CB=_chunk(), PREC=prec,
-        )
+        if dipsum:
+            _launch(
+                "dipsum_bwd", (nB, BH), cx, skip,
+                q, k, v, do, dk, dv, *qkv_strides, *dkdv_strides,
+                lse, delta, phip, psip, carry, segp, ihi, beta, dpsi, dbeta, partial,
+                T, H, Tp, nB, scale, threshold,
+            )
+            _launch("dphi_sum", (nB, BH), cx, skip, partial, ihi, dphi, H, Tp, nB)
+        else:
+            _launch(
+                "dkdv", (nB, BH), cx, skip,
+                q, k, v, do, dk, dv, *qkv_strides, *dkdv_strides,
+                lse, delta, phip, psip, suf, pre, bmin, segp, ihi, beta, dpsi, dbeta,
+                T, H, Tp, nB, scale, threshold,
+            )
+            _launch(
+                "field", (nB, BH), cx, skip,
+                q, k, v, do, *qkv_strides,
+                lse, delta, phip, psip, suf, pre, bmin, segp, jlo, ihi, beta, kappa, csum, partial, dphi,
+                T, H, Tp, nB, scale,
+            )
         dphi_out = dphi.view(B, H, Tp)[:, :, :T].permute(0, 2, 1)
         dpsi_out = dpsi.view(B, H, Tp)[:, :, :T].permute(0, 2, 1)
         dbeta_out = dbeta.view(B, H, Tp)[:, :, :T].sum(dim=(0, 2))
-        return dq, dk, dv, dphi_out, dpsi_out, dbeta_out.to(beta.dtype), None, None
+        return dq, dk, dv, dphi_out, dpsi_out, dbeta_out.to(beta.dtype), None, None, None, None, None
 
 
-def _check(q, k, v, phi, psi, beta, scale, skip_threshold):
+def _check(q, k, v, phi, psi, beta, scale, skip_threshold, reduction, level, segment_ids):
     tensors = {"q": q, "k": k, "v": v, "phi": phi, "psi": psi, "beta": beta}
     for name, t in tensors.items():
         if not isinstance(t, torch.Tensor):
@@ -212,6 +339,15 @@ def _check(q, k, v, phi, psi, beta, scale, skip_threshold):
         isinstance(skip_threshold, (int, float)) and math.isfinite(skip_threshold) and skip_threshold < 0
     ):
         raise ValueError(f"fpa_attention: skip_threshold must be a finite negative float or None, got {skip_threshold!r}")
+    check_variant(reduction, level)
+    if segment_ids is not None:
+        if not isinstance(segment_ids, torch.Tensor) or segment_ids.shape != (B, T):
+            raise ValueError(f"fpa_attention: segment_ids must be a (B, T) = {(B, T)} tensor, got "
+                             f"{getattr(segment_ids, 'shape', type(segment_ids).__name__)}")
+        if segment_ids.dtype.is_floating_point or segment_ids.dtype.is_complex or segment_ids.dtype == torch.bool:
+            raise ValueError(f"fpa_attention: segment_ids must be integer document ids, got {segment_ids.dtype}")
+        if segment_ids.device != dev:
+            raise ValueError(f"fpa_attention: segment_ids must be on {dev}, got {segment_ids.device}")
 
 
 def fpa_attention(
@@ -223,14 +359,19 @@ def fpa_attention(
     beta: torch.Tensor,
     *,
     scale: float | None = None,
+    reduction: str = "min",
+    level: str = "key",
+    segment_ids: torch.Tensor | None = None,
     skip_threshold: float | None = None,
 ) -> torch.Tensor:
     """Causal FPA attention, fused: q, k, v (B, T, H, D); phi, psi (B, T, H) fp32; beta (H,) fp32.
 
-    Returns (B, T, H, D) in q's dtype. Same semantics as `naive_fpa_attention`; with
-    `skip_threshold` (negative) tiles whose bias is provably below it are dropped.
+    Returns (B, T, H, D) in q's dtype. Same semantics as `naive_fpa_attention` (``reduction``, ``level``,
+    ``segment_ids``: a query attends only to keys with its own id; ids are compared as int32, and contiguous
+    documents, as in a packed row, let whole tiles be skipped). With ``skip_threshold`` (negative) tiles whose
+    bias is provably below it are dropped.
     """
-    _check(q, k, v, phi, psi, beta, scale, skip_threshold)
+    _check(q, k, v, phi, psi, beta, scale, skip_threshold, reduction, level, segment_ids)
     D = q.shape[-1]
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     if q.stride(-1) != 1:
@@ -240,4 +381,5 @@ def fpa_attention(
     if v.stride(-1) != 1:
         v = v.contiguous()
     # one set of strides serves phi and psi in the kernels
-    return _FPAFunction.apply(q, k, v, phi.contiguous(), psi.contiguous(), beta.contiguous(), scale, skip_threshold)
+    return _FPAFunction.apply(q, k, v, phi.contiguous(), psi.contiguous(), beta.contiguous(), scale, skip_threshold,
+                              reduction, level, segment_ids)

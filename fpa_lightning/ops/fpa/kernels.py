@@ -10,9 +10,15 @@ One block size BS serves queries, keys and the field decomposition of docs/kerne
 The backward is the stable straight-through form of docs/kernel.md: every exponent argument ≤ 0.
 All field arithmetic is fp32; FAR (1e30) stands for +inf so that empty ranges stay finite.
 
-Launch order, per call: prep (block minima, normalisers) -> forward; in the backward, dq (query-major:
-dq, Delta and the off-diagonal field sums c_t, a_s partials, kappa) -> dk/dv (key-major: dk, dv, dpsi,
-dbeta) -> field (per block: the diagonal block's field gradient and the scatters into dphi).
+Variants (constexpr flags, so each compiles to its own code and the default one carries nothing extra):
+QLEVEL compares the path minimum with the query's level ψ_t instead of the key's ψ_s; DIPSUM sums the dips
+instead of taking the minimum (key level; the dips of the keys before each query block come from the CARRY
+table); SEG masks pairs across documents (segment ids) and walks only the tiles that can share one.
+
+Launch order, per call: prep (block minima, normalisers; dip-sum: the CARRY table) -> forward; in the backward,
+dq (query-major: dq, Delta and the off-diagonal field sums c_t, a_s partials, kappa) -> dk/dv (key-major: dk, dv,
+dpsi, dbeta) -> field (per block: the diagonal block's field gradient and the scatters into dphi). Dip-sum's
+backward is dq -> dk/dv with its field gradient (key-major, walking down) -> a fixed-order sum of dphi partials.
 """
 from __future__ import annotations
 
@@ -102,20 +108,68 @@ def _fpa_prep_kernel(
 
 
 @triton.jit
-def _keep_tile(suf, psi, mid, phi_start, beta, threshold):
-    # Upper bound on the bias of every pair of a (query block, key block) tile: for s in J < I and
-    # t in I, M(s, t) <= suf_J(s), M <= mid(J, I), M <= phi(start of I). Keep unless below threshold.
-    ub = tl.max(tl.minimum(tl.minimum(mid, phi_start), suf) - psi, axis=0)
+def _keep_tile(kvec, psi, mid, phi_start, pre_i, psi_i, beta, threshold,
+               QLEVEL: tl.constexpr, DIPSUM: tl.constexpr):
+    # Upper bound on the bias of every pair of a (query block I, key block J) tile, J < I; keep unless it is
+    # below the threshold. Min: M(s, t) = min(suf_J(s), mid(J, I), pre_I(t)) exactly, and pre_I(t) <=
+    # phi(start of I), so the bound is the tile's maximum. Dip-sum: every dip is <= 0, so
+    # D(t, s) <= C[I, s] + min(0, phi(start of I) - psi_s). kvec is suf_J (min) or C[I, .] (dip-sum).
+    if DIPSUM:
+        ub = tl.max(kvec + tl.minimum(phi_start - psi, 0.0), axis=0)
+    elif QLEVEL:
+        ub = tl.max(tl.minimum(pre_i, tl.max(tl.minimum(kvec, mid), axis=0)) - psi_i, axis=0)
+    else:
+        ub = tl.max(tl.minimum(tl.minimum(mid, phi_start), kvec) - psi, axis=0)
     return beta * tl.minimum(ub, 0.0) >= threshold
 
 
 @triton.jit
-def _fwd_tile(q, K, V, b, h, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d,
-              suf, psi, mid, pre_i, sl2, bl2, m_i, l_i, acc, PREC: tl.constexpr):
+def _key_vector(SUF, CARRY, fbase, bh, nB, Tp, I, offs_n, DIPSUM: tl.constexpr):
+    # The key-side vector of an off-diagonal tile's bias: suf_J(s) for the min reduction, and for dip-sum
+    # C[I, s] = sum of min(0, phi_u - psi_s) over s < u < start of I (the CARRY table)
+    if DIPSUM:
+        return tl.load(CARRY + (bh * nB + I) * Tp + offs_n)
+    else:
+        return tl.load(SUF + fbase + offs_n)
+
+
+@triton.jit
+def _offdiag_depth(kvec, psi, mid, pre_i, psi_i, phi_i, QLEVEL: tl.constexpr, DIPSUM: tl.constexpr):
+    # bias / beta of an off-diagonal tile [t, s] before the min with 0 (min) or as it is (dip-sum, already <= 0)
+    if DIPSUM:  # C[I, s] + sum over u in [start of I, t] of min(0, phi_u - psi_s): a cumulative sum down the rows
+        return kvec[None, :] + tl.cumsum(tl.minimum(phi_i[:, None] - psi[None, :], 0.0), axis=0)
+    Mt = tl.minimum(tl.minimum(kvec[None, :], mid), pre_i[:, None])
+    if QLEVEL:
+        return Mt - psi_i[:, None]
+    else:
+        return Mt - psi[None, :]
+
+
+@triton.jit
+def _diag_depth(phi, psi, after, QLEVEL: tl.constexpr, DIPSUM: tl.constexpr):
+    # bias / beta on a diagonal tile [t, s] (rows and columns are the same positions): <= 0, and 0 where t <= s
+    if DIPSUM:
+        return tl.cumsum(tl.where(after, tl.minimum(phi[:, None] - psi[None, :], 0.0), 0.0), axis=0)
+    # masked cumulative min down the rows: FAR where t <= s, so min(0, .) is 0 there
+    Mt = tl.associative_scan(tl.where(after, phi[:, None], FAR), 0, _min_combine)
+    if QLEVEL:
+        return tl.minimum(Mt - psi[:, None], 0.0)
+    else:
+        return tl.minimum(Mt - psi[None, :], 0.0)
+
+
+@triton.jit
+def _fwd_tile(q, K, V, SEGP, b, h, Tp, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d,
+              kvec, psi, mid, pre_i, psi_i, phi_i, seg_i, sl2, bl2, m_i, l_i, acc,
+              PREC: tl.constexpr, QLEVEL: tl.constexpr, DIPSUM: tl.constexpr, SEG: tl.constexpr):
     k = tl.load(K + b * s_kb + h * s_kh + offs_n[:, None] * s_kt + offs_d[None, :])
     v = tl.load(V + b * s_vb + h * s_vh + offs_n[:, None] * s_vt + offs_d[None, :])
-    Mt = tl.minimum(tl.minimum(suf[None, :], mid), pre_i[:, None])
-    s = tl.dot(q, tl.trans(k), input_precision=PREC) * sl2 + tl.minimum(Mt - psi[None, :], 0.0) * bl2
+    depth = _offdiag_depth(kvec, psi, mid, pre_i, psi_i, phi_i, QLEVEL, DIPSUM)
+    if not DIPSUM:
+        depth = tl.minimum(depth, 0.0)
+    s = tl.dot(q, tl.trans(k), input_precision=PREC) * sl2 + depth * bl2
+    if SEG:
+        s = tl.where(seg_i[:, None] == tl.load(SEGP + b * Tp + offs_n)[None, :], s, -float("inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     p = tl.exp2(s - m_new[:, None])
     alpha = tl.exp2(m_i - m_new)
@@ -125,84 +179,197 @@ def _fwd_tile(q, K, V, b, h, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d,
 
 
 @triton.jit
-def _dq_tile(q, do, K, V, A_PARTIAL, KAPPA, b, h, bh, I, J, nB, Tp,
+def _dq_tile(q, do, K, V, SEGP, A_PARTIAL, b, h, bh, I, nB, Tp,
              s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d,
-             suf, zsuf, psi, mid, zmid, pre_i, zpre_i, lse, delta, beta, sl2, bl2, dq, c,
-             PREC: tl.constexpr, FAST: tl.constexpr, GENERAL: tl.constexpr):
-    # One off-diagonal tile [t (queries of I), s (keys of J)], J < I: dq and the field sums of
-    # docs/kernel.md, step 2 (c_t accumulated here, a_s and kappa[J, I] stored).
-    # Padded query rows have lse = +inf, so p = ds = r = 0 there without a mask.
+             kvec, zsuf, psi, mid, zmid, pre_i, zpre_i, psi_i, phi_i, seg_i, lse, delta, beta, sl2, bl2,
+             dq, c, kap, qpsi, qbeta,
+             PREC: tl.constexpr, FAST: tl.constexpr, GENERAL: tl.constexpr,
+             QLEVEL: tl.constexpr, DIPSUM: tl.constexpr, SEG: tl.constexpr):
+    # One off-diagonal tile [t (queries of I), s (keys of J)], J < I: dq and, for the min reduction, the field
+    # sums of docs/kernel.md, step 2 (c_t and kappa[J, I] accumulated here, a_s stored); with a query level also
+    # the row sums of dpsi_t and dbeta_t. Padded query rows have lse = +inf, so p = ds = r = 0 there.
     k = tl.load(K + b * s_kb + h * s_kh + offs_n[:, None] * s_kt + offs_d[None, :])
     v = tl.load(V + b * s_vb + h * s_vh + offs_n[:, None] * s_vt + offs_d[None, :])
-    if GENERAL:
+    if DIPSUM:
+        dlt = _offdiag_depth(kvec, psi, mid, pre_i, psi_i, phi_i, QLEVEL, DIPSUM)  # already <= 0
+    elif GENERAL:
         # M = min(m2_s, pre_t) with m2 = min(suf, mid); rho1 = e^{m2 - suf}, rho2 = e^{m2 - mid} (<= 1)
-        m2 = tl.minimum(suf, mid)
-        rho1 = tl.exp2((m2 - suf) * LOG2E)
+        m2 = tl.minimum(kvec, mid)
+        rho1 = tl.exp2((m2 - kvec) * LOG2E)
         rho2 = tl.exp2((m2 - mid) * LOG2E)
         X = zsuf * rho1 + zmid * rho2
-        dlt = tl.minimum(m2[None, :], pre_i[:, None]) - psi[None, :]
+        if QLEVEL:
+            dlt = tl.minimum(m2[None, :], pre_i[:, None]) - psi_i[:, None]
+        else:
+            dlt = tl.minimum(m2[None, :], pre_i[:, None]) - psi[None, :]
     else:
         # mid(J, I) <= min_s suf_J(s): M(s, t) = m_t = min(mid, pre_t) does not depend on s
         m_t = tl.minimum(pre_i, mid)
-        dlt = m_t[:, None] - psi[None, :]
+        if QLEVEL:
+            dlt = (m_t - psi_i)[:, None]  # (BS, 1): a whole row is dead or alive
+        else:
+            dlt = m_t[:, None] - psi[None, :]
     s = tl.dot(q, tl.trans(k), input_precision=PREC) * sl2 + tl.minimum(dlt, 0.0) * bl2
+    if SEG:
+        s = tl.where(seg_i[:, None] == tl.load(SEGP + b * Tp + offs_n)[None, :], s, -float("inf"))
     p = tl.exp2(s - lse[:, None])
     dp = tl.dot(do, tl.trans(v), input_precision=PREC)
     ds = p * (dp - delta[:, None])
     dq += tl.dot(ds.to(k.dtype), k, input_precision=PREC)
-    gm = tl.where(dlt < 0.0, ds, 0.0)  # G / beta: the field gradient lives on dead pairs only
-    if GENERAL:
-        # one exp per pair: d = pre_t - m2_s, E = e^{-|d|}; f = e^{M - m2}, e3 = e^{M - pre}
-        d = pre_i[:, None] - m2[None, :]
-        E = tl.exp2(-tl.abs(d) * LOG2E)
-        neg = d < 0.0
-        f = tl.where(neg, E, 1.0)
-        e3 = tl.where(neg, 1.0, E)
-        r = gm * _recip(f * X[None, :] + zpre_i[:, None] * e3, FAST)
-        c += beta * tl.sum(r * e3, axis=1)
-        s_f = tl.sum(r * f, axis=0)
-        tl.store(A_PARTIAL + (bh * nB + I) * Tp + offs_n, (beta * rho1) * s_f)
-        tl.store(KAPPA + (bh * nB + J) * nB + I, beta * tl.sum(rho2 * s_f, axis=0))
-    else:
-        # y_t = e^{m_t - mid}, e3_t = e^{m_t - pre_t}, es_s = e^{mid - suf_s}: Z' = y_t x_s + zpre_t e3_t,
-        # so the only per-pair transcendental of the field part is one reciprocal
-        y = tl.exp2((m_t - mid) * LOG2E)
-        e3 = tl.exp2((m_t - pre_i) * LOG2E)
-        es = tl.exp2((mid - suf) * LOG2E)
-        x = zsuf * es + zmid
-        r = gm * _recip(y[:, None] * x[None, :] + (zpre_i * e3)[:, None], FAST)
-        row = tl.sum(r, axis=1)
-        c += beta * e3 * row
-        tl.store(KAPPA + (bh * nB + J) * nB + I, beta * tl.sum(y * row, axis=0))
-        tl.store(A_PARTIAL + (bh * nB + I) * Tp + offs_n, (beta * es) * tl.sum(r * y[:, None], axis=0))
-    return dq, c
+    if not DIPSUM:
+        gm = tl.where(dlt < 0.0, ds, 0.0)  # G / beta: the field gradient lives on dead pairs only
+        if QLEVEL:
+            g_row, b_row = tl.reduce((gm, ds * tl.minimum(dlt, 0.0)), 1, _add2)
+            qpsi -= beta * g_row
+            qbeta += b_row
+        if GENERAL:
+            # one exp per pair: d = pre_t - m2_s, E = e^{-|d|}; f = e^{M - m2}, e3 = e^{M - pre}
+            d = pre_i[:, None] - m2[None, :]
+            E = tl.exp2(-tl.abs(d) * LOG2E)
+            neg = d < 0.0
+            f = tl.where(neg, E, 1.0)
+            e3 = tl.where(neg, 1.0, E)
+            r = gm * _recip(f * X[None, :] + zpre_i[:, None] * e3, FAST)
+            c += beta * tl.sum(r * e3, axis=1)
+            s_f = tl.sum(r * f, axis=0)
+            tl.store(A_PARTIAL + (bh * nB + I) * Tp + offs_n, (beta * rho1) * s_f)
+            kap += beta * tl.sum(rho2 * s_f, axis=0)
+        else:
+            # y_t = e^{m_t - mid}, e3_t = e^{m_t - pre_t}, es_s = e^{mid - suf_s}: Z' = y_t x_s + zpre_t e3_t,
+            # so the only per-pair transcendental of the field part is one reciprocal
+            y = tl.exp2((m_t - mid) * LOG2E)
+            e3 = tl.exp2((m_t - pre_i) * LOG2E)
+            es = tl.exp2((mid - kvec) * LOG2E)
+            x = zsuf * es + zmid
+            r = gm * _recip(y[:, None] * x[None, :] + (zpre_i * e3)[:, None], FAST)
+            row = tl.sum(r, axis=1)
+            c += beta * e3 * row
+            kap += beta * tl.sum(y * row, axis=0)
+            tl.store(A_PARTIAL + (bh * nB + I) * Tp + offs_n, (beta * es) * tl.sum(r * y[:, None], axis=0))
+    return dq, c, kap, qpsi, qbeta
 
 
 @triton.jit
-def _dkdv_tile(k, v, Q, DO, LSE, DELTA, PRE, b, h, I, fbase, T,
-               s_qb, s_qt, s_qh, s_ob, s_ot, s_oh, offs_d, BS: tl.constexpr,
-               psi, m2, beta, sl2, bl2, dk, dv, dpsi, dbeta, PREC: tl.constexpr):
-    # transposed tile [s (keys of J), t (queries of I)], J < I: flash dk/dv with the recomputed bias,
-    # plus the row sums of dpsi and dbeta. m2_s = min(suf_J(s), mid(J, I)), so M = min(m2_s, pre_t).
-    # Padded query rows (t >= T) have q = do = 0, lse = +inf and Delta = 0: every term there is 0.
-    offs_m = I * BS + tl.arange(0, BS)
+def _query_rows(Q, DO, LSE, DELTA, b, h, fbase, offs_m, T, s_qb, s_qt, s_qh, s_ob, s_ot, s_oh, offs_d):
+    # q and dO of the query rows offs_m (0 past T), with their lse and Delta: what a key-major tile reads
     row_ok = offs_m < T
     q = tl.load(Q + b * s_qb + h * s_qh + offs_m[:, None] * s_qt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
     do = tl.load(DO + b * s_ob + h * s_oh + offs_m[:, None] * s_ot + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-    lse = tl.load(LSE + fbase + offs_m)
-    delta = tl.load(DELTA + fbase + offs_m)
-    pre_i = tl.load(PRE + fbase + offs_m)
-    dlt = tl.minimum(tl.minimum(m2[:, None], pre_i[None, :]) - psi[:, None], 0.0)
-    sT = tl.dot(k, tl.trans(q), input_precision=PREC) * sl2 + dlt * bl2
+    return q, do, tl.load(LSE + fbase + offs_m), tl.load(DELTA + fbase + offs_m)
+
+
+@triton.jit
+def _key_block(K, V, SEGP, IHI, BETA, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, T, H, Tp, nB, qk_scale,
+               BS: tl.constexpr, D: tl.constexpr, SEG: tl.constexpr):
+    # the program's key block J of a key-major kernel: k and v (0 past T), beta and the log2-unit scales, document
+    # ids, and the last query block the walk visits (with documents, none after ihi[J] shares one with block J)
+    J = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    beta = tl.load(BETA + h).to(tl.float32)
+    offs_n = J * BS + tl.arange(0, BS)
+    offs_d = tl.arange(0, D)
+    col_ok = offs_n < T
+    k = tl.load(K + b * s_kb + h * s_kh + offs_n[:, None] * s_kt + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+    v = tl.load(V + b * s_vb + h * s_vh + offs_n[:, None] * s_vt + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+    seg_j = offs_n
+    i_hi = nB - 1
+    if SEG:
+        seg_j = tl.load(SEGP + b * Tp + offs_n)
+        i_hi = tl.load(IHI + b * nB + J)
+    return J, bh, b, h, beta, beta * LOG2E, qk_scale * LOG2E, bh * Tp, offs_n, offs_d, k, v, seg_j, i_hi
+
+
+@triton.jit
+def _diagonal_key_tile(q, k, v, do, lse, delta, depth, seg_j, offs_n, T, sl2, bl2, dk, dv,
+                       PREC: tl.constexpr, SEG: tl.constexpr):
+    # the diagonal tile [t, s] of a key-major kernel (rows and columns are the block's positions): flash dk and dv
+    # with the bias beta·depth; returns dS as well, for the level and field sums
+    s = tl.dot(q, tl.trans(k), input_precision=PREC) * sl2 + depth * bl2
+    p = tl.exp2(s - lse[:, None])
+    p = tl.where((offs_n[:, None] >= offs_n[None, :]) & (offs_n < T)[:, None], p, 0.0)
+    if SEG:
+        p = tl.where(seg_j[:, None] == seg_j[None, :], p, 0.0)
+    dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision=PREC)
+    dp = tl.dot(do, tl.trans(v), input_precision=PREC)
+    ds = p * (dp - delta[:, None])
+    dk += tl.dot(tl.trans(ds).to(q.dtype), q, input_precision=PREC)
+    return dk, dv, ds
+
+
+@triton.jit
+def _offdiag_key_tile(k, v, q, do, lse, delta, depth, seg_j, SEGP, b, Tp, offs_m, sl2, bl2, dk, dv,
+                      PREC: tl.constexpr, SEG: tl.constexpr):
+    # a transposed off-diagonal tile [s (keys), t (queries offs_m)] of a key-major kernel: flash dk and dv with the
+    # bias beta·depth; returns dS^T as well, for the level and field sums
+    sT = tl.dot(k, tl.trans(q), input_precision=PREC) * sl2 + depth * bl2
+    if SEG:
+        sT = tl.where(seg_j[:, None] == tl.load(SEGP + b * Tp + offs_m)[None, :], sT, -float("inf"))
     pT = tl.exp2(sT - lse[None, :])
     dv += tl.dot(pT.to(do.dtype), do, input_precision=PREC)
     dpT = tl.dot(v, tl.trans(do), input_precision=PREC)
     dsT = pT * (dpT - delta[None, :])
     dk += tl.dot(dsT.to(q.dtype), q, input_precision=PREC)
-    s_g, s_b = tl.reduce((tl.where(dlt < 0.0, dsT, 0.0), dsT * dlt), 1, _add2)
-    dpsi -= beta * s_g
-    dbeta += s_b
+    return dk, dv, dsT
+
+
+@triton.jit
+def _store_key_grads(DK, DV, b, h, offs_n, offs_d, T, s_dkb, s_dkt, s_dkh, s_dvb, s_dvt, s_dvh, dk, dv, qk_scale):
+    col_ok = offs_n < T
+    tl.store(DK + b * s_dkb + h * s_dkh + offs_n[:, None] * s_dkt + offs_d[None, :],
+             (dk * qk_scale).to(DK.dtype.element_ty), mask=col_ok[:, None])
+    tl.store(DV + b * s_dvb + h * s_dvh + offs_n[:, None] * s_dvt + offs_d[None, :],
+             dv.to(DV.dtype.element_ty), mask=col_ok[:, None])
+
+
+@triton.jit
+def _dkdv_tile(k, v, Q, DO, LSE, DELTA, PRE, PSIP, SEGP, seg_j, b, h, offs_m, fbase, T, Tp,
+               s_qb, s_qt, s_qh, s_ob, s_ot, s_oh, offs_d,
+               psi, m2, beta, sl2, bl2, dk, dv, dpsi, dbeta,
+               PREC: tl.constexpr, QLEVEL: tl.constexpr, SEG: tl.constexpr):
+    # transposed tile [s (keys of J), t (queries offs_m of I)], J < I: flash dk/dv with the recomputed bias,
+    # plus (key level) the row sums of dpsi and dbeta. m2_s = min(suf_J(s), mid(J, I)), so M = min(m2_s, pre_t).
+    # Padded query rows (t >= T) have q = do = 0, lse = +inf and Delta = 0: every term there is 0.
+    q, do, lse, delta = _query_rows(Q, DO, LSE, DELTA, b, h, fbase, offs_m, T, s_qb, s_qt, s_qh, s_ob, s_ot, s_oh,
+                                    offs_d)
+    pre_i = tl.load(PRE + fbase + offs_m)
+    if QLEVEL:
+        dlt = tl.minimum(tl.minimum(m2[:, None], pre_i[None, :]) - tl.load(PSIP + fbase + offs_m)[None, :], 0.0)
+    else:
+        dlt = tl.minimum(tl.minimum(m2[:, None], pre_i[None, :]) - psi[:, None], 0.0)
+    dk, dv, dsT = _offdiag_key_tile(k, v, q, do, lse, delta, dlt, seg_j, SEGP, b, Tp, offs_m, sl2, bl2, dk, dv,
+                                    PREC, SEG)
+    if not QLEVEL:  # with a query level these are row sums of the query-major kernel
+        s_g, s_b = tl.reduce((tl.where(dlt < 0.0, dsT, 0.0), dsT * dlt), 1, _add2)
+        dpsi -= beta * s_g
+        dbeta += s_b
     return dk, dv, dpsi, dbeta
+
+
+# ---------------------------------------------------------------------------------------------
+# dip-sum's CARRY table: C[I, s] = sum over s < u < start of I of min(0, phi_u - psi_s), J < I
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def _fpa_dip_carry_kernel(PHIP, PSIP, CARRY, IHI, H, Tp, nB, BS: tl.constexpr, SEG: tl.constexpr):
+    # key-major: one key block J per program, walking I = J+1 .. upward; the sum is a running one, so every
+    # entry is a sum of whole blocks in a fixed order (no cancellation, deterministic)
+    J = tl.program_id(0)
+    bh = tl.program_id(1)
+    fbase = bh * Tp
+    u = tl.arange(0, BS)
+    offs_s = J * BS + u
+    psi = tl.load(PSIP + fbase + offs_s)
+    phi = tl.load(PHIP + fbase + offs_s)
+    # dips inside block J after s (rows u, columns s); padded phi is FAR, so padding adds 0
+    carry = tl.sum(tl.where(u[:, None] > u[None, :], tl.minimum(phi[:, None] - psi[None, :], 0.0), 0.0), axis=0)
+    i_hi = nB - 1
+    if SEG:  # no query block after i_hi shares a document with block J
+        i_hi = tl.load(IHI + (bh // H) * nB + J)
+    for I in range(J + 1, i_hi + 1):
+        tl.store(CARRY + (bh * nB + I) * Tp + offs_s, carry)
+        phi_i = tl.load(PHIP + fbase + I * BS + u)
+        carry += tl.sum(tl.minimum(phi_i[:, None] - psi[None, :], 0.0), axis=0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -212,9 +379,10 @@ def _dkdv_tile(k, v, Q, DO, LSE, DELTA, PRE, b, h, I, fbase, T,
 def _fpa_fwd_kernel(
     Q, K, V, O, O32, LSE,
     s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_ot, s_oh,
-    PHIP, PSIP, SUF, PRE, BMIN, BETA,
+    PHIP, PSIP, SUF, PRE, BMIN, CARRY, SEGP, JLO, BETA,
     T, H, Tp, nB, qk_scale, threshold,
     BS: tl.constexpr, D: tl.constexpr, SKIP: tl.constexpr, PREC: tl.constexpr, STORE32: tl.constexpr,
+    QLEVEL: tl.constexpr, DIPSUM: tl.constexpr, SEG: tl.constexpr,
 ):
     I = tl.num_programs(0) - 1 - tl.program_id(0)  # long rows first: a shorter tail
     bh = tl.program_id(1)
@@ -230,20 +398,27 @@ def _fpa_fwd_kernel(
     fbase = bh * Tp
     phi_i = tl.load(PHIP + fbase + offs_m)
     pre_i = tl.load(PRE + fbase + offs_m)
+    psi_i = tl.load(PSIP + fbase + offs_m)
     phi_start = tl.load(PHIP + fbase + I * BS)
+    seg_i = offs_m
+    j_lo = 0
+    if SEG:
+        seg_i = tl.load(SEGP + b * Tp + offs_m)
+        j_lo = tl.load(JLO + b * nB + I)  # key blocks below j_lo share no document with block I
     m_i = tl.full([BS], -float("inf"), tl.float32)
     l_i = tl.zeros([BS], tl.float32)
     acc = tl.zeros([BS, D], tl.float32)
 
-    # diagonal block: M by a masked cumulative min down the rows
+    # diagonal block
     offs_n = offs_m
     k = tl.load(K + b * s_kb + h * s_kh + offs_n[:, None] * s_kt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
     v = tl.load(V + b * s_vb + h * s_vh + offs_n[:, None] * s_vt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-    psi = tl.load(PSIP + fbase + offs_n)
     after = offs_m[:, None] > offs_n[None, :]
-    Mt = tl.associative_scan(tl.where(after, phi_i[:, None], FAR), 0, _min_combine)
-    s = tl.dot(q, tl.trans(k), input_precision=PREC) * sl2 + tl.minimum(Mt - psi[None, :], 0.0) * bl2
+    depth = _diag_depth(phi_i, psi_i, after, QLEVEL, DIPSUM)
+    s = tl.dot(q, tl.trans(k), input_precision=PREC) * sl2 + depth * bl2
     s = tl.where((offs_m[:, None] >= offs_n[None, :]) & (offs_n[None, :] < T), s, -float("inf"))
+    if SEG:
+        s = tl.where(seg_i[:, None] == seg_i[None, :], s, -float("inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     p = tl.exp2(s - m_new[:, None])
     alpha = tl.exp2(m_i - m_new)
@@ -252,18 +427,20 @@ def _fpa_fwd_kernel(
     m_i = m_new
 
     mid = FAR
-    for jj in range(0, I):
+    for jj in range(0, I - j_lo):
         J = I - 1 - jj
         offs_n = J * BS + tl.arange(0, BS)
-        suf = tl.load(SUF + fbase + offs_n)
+        kvec = _key_vector(SUF, CARRY, fbase, bh, nB, Tp, I, offs_n, DIPSUM)
         psi = tl.load(PSIP + fbase + offs_n)
         keep = True
         if SKIP:
-            keep = _keep_tile(suf, psi, mid, phi_start, beta, threshold)
+            keep = _keep_tile(kvec, psi, mid, phi_start, pre_i, psi_i, beta, threshold, QLEVEL, DIPSUM)
         if keep:
-            m_i, l_i, acc = _fwd_tile(q, K, V, b, h, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d,
-                                      suf, psi, mid, pre_i, sl2, bl2, m_i, l_i, acc, PREC)
-        mid = tl.minimum(mid, tl.load(BMIN + bh * nB + J))
+            m_i, l_i, acc = _fwd_tile(q, K, V, SEGP, b, h, Tp, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d,
+                                      kvec, psi, mid, pre_i, psi_i, phi_i, seg_i, sl2, bl2, m_i, l_i, acc,
+                                      PREC, QLEVEL, DIPSUM, SEG)
+        if not DIPSUM:
+            mid = tl.minimum(mid, tl.load(BMIN + bh * nB + J))
 
     acc = acc / l_i[:, None]
     tl.store(O + b * s_ob + h * s_oh + offs_m[:, None] * s_ot + offs_d[None, :], acc.to(O.dtype.element_ty), mask=row_ok[:, None])
@@ -299,16 +476,17 @@ def _first_general_block(BMIN, MINSUF, bh, I, nB, CB: tl.constexpr):
 def _fpa_bwd_dq_kernel(
     Q, K, V, DO, DQ,
     s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_ot, s_oh, s_dqb, s_dqt, s_dqh,
-    LSE, O32, DELTA, PHIP, PSIP, SUF, ZSUF, PRE, ZPRE, BMIN, ZBLK, MINSUF, BETA,
-    CSUM, A_PARTIAL, KAPPA,
+    LSE, O32, DELTA, PHIP, PSIP, SUF, ZSUF, PRE, ZPRE, BMIN, ZBLK, MINSUF, CARRY, SEGP, JLO, BETA,
+    CSUM, A_PARTIAL, KAPPA, DPSI, DBETA,
     T, H, Tp, nB, qk_scale, threshold,
     BS: tl.constexpr, D: tl.constexpr, SKIP: tl.constexpr, PREC: tl.constexpr, FAST: tl.constexpr,
-    CB: tl.constexpr,
+    CB: tl.constexpr, NSUB: tl.constexpr, QLEVEL: tl.constexpr, DIPSUM: tl.constexpr, SEG: tl.constexpr,
 ):
     # The field part lives here, not in the key-major kernel: this kernel's only tile accumulator is
     # dq (the key-major one holds dk and dv), so the field temporaries fit in registers. c_t is a row
     # quantity and stays in registers; a_s (a column quantity) is stored per (query block, key block)
-    # and summed in fixed order by the field kernel, so the result is deterministic.
+    # and summed in fixed order by the field kernel, so the result is deterministic. Dip-sum has no field
+    # part here (its field gradient needs sums over later queries: the key-major kernel has them).
     I = tl.num_programs(0) - 1 - tl.program_id(0)  # long rows first: a shorter tail
     bh = tl.program_id(1)
     b = bh // H
@@ -330,73 +508,102 @@ def _fpa_bwd_dq_kernel(
     phi_i = tl.load(PHIP + fbase + offs_m)
     pre_i = tl.load(PRE + fbase + offs_m)
     zpre_i = tl.load(ZPRE + fbase + offs_m)
+    psi_i = tl.load(PSIP + fbase + offs_m)
     phi_start = tl.load(PHIP + fbase + I * BS)
+    seg_i = offs_m
+    j_lo = 0
+    if SEG:
+        seg_i = tl.load(SEGP + b * Tp + offs_m)
+        j_lo = tl.load(JLO + b * nB + I)
     dq = tl.zeros([BS, D], tl.float32)
     c = tl.zeros([BS], tl.float32)
+    qpsi = tl.zeros([BS], tl.float32)  # query level: dpsi_t and dbeta_t, row sums
+    qbeta = tl.zeros([BS], tl.float32)
 
-    # diagonal (its field gradient belongs to the field kernel)
+    # diagonal (its field gradient belongs to the field kernel, or to dip-sum's key-major kernel)
     offs_n = offs_m
     k = tl.load(K + b * s_kb + h * s_kh + offs_n[:, None] * s_kt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
     v = tl.load(V + b * s_vb + h * s_vh + offs_n[:, None] * s_vt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-    psi = tl.load(PSIP + fbase + offs_n)
     after = offs_m[:, None] > offs_n[None, :]
-    Mt = tl.associative_scan(tl.where(after, phi_i[:, None], FAR), 0, _min_combine)
-    s = tl.dot(q, tl.trans(k), input_precision=PREC) * sl2 + tl.minimum(Mt - psi[None, :], 0.0) * bl2
+    depth = _diag_depth(phi_i, psi_i, after, QLEVEL, DIPSUM)
+    s = tl.dot(q, tl.trans(k), input_precision=PREC) * sl2 + depth * bl2
     p = tl.exp2(s - lse[:, None])
     p = tl.where((offs_m[:, None] >= offs_n[None, :]) & row_ok[:, None], p, 0.0)
+    if SEG:
+        p = tl.where(seg_i[:, None] == seg_i[None, :], p, 0.0)
     dp = tl.dot(do, tl.trans(v), input_precision=PREC)
     ds = p * (dp - delta[:, None])
     dq += tl.dot(ds.to(k.dtype), k, input_precision=PREC)
+    if QLEVEL:
+        g_row, b_row = tl.reduce((tl.where(depth < 0.0, ds, 0.0), ds * depth), 1, _add2)
+        qpsi -= beta * g_row
+        qbeta += b_row
 
-    # Off-diagonal tiles walk away from the diagonal (J = I-1 .. 0) so mid(J, I) and its normaliser
+    # Off-diagonal tiles walk away from the diagonal (J = I-1 .. j_lo) so mid(J, I) and its normaliser
     # zmid are running combines; the general tiles come first, the fast ones after: no branch in a loop.
     mid = FAR
     zmid = 0.0
-    J1 = _first_general_block(BMIN, MINSUF, bh, I, nB, CB)
-    for jj in range(0, I - J1):
-        dq, c, mid, zmid = _dq_step(q, do, K, V, SUF, ZSUF, PSIP, BMIN, ZBLK, A_PARTIAL, KAPPA, b, h, bh, I, I - 1 - jj,
-                                    nB, fbase, Tp, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_d, mid, zmid,
-                                    pre_i, zpre_i, lse, delta, beta, sl2, bl2, phi_start, threshold, dq, c,
-                                    BS, SKIP, PREC, FAST, True)
-    for jj in range(I - J1, I):
-        dq, c, mid, zmid = _dq_step(q, do, K, V, SUF, ZSUF, PSIP, BMIN, ZBLK, A_PARTIAL, KAPPA, b, h, bh, I, I - 1 - jj,
-                                    nB, fbase, Tp, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_d, mid, zmid,
-                                    pre_i, zpre_i, lse, delta, beta, sl2, bl2, phi_start, threshold, dq, c,
-                                    BS, SKIP, PREC, FAST, False)
+    j_general = j_lo
+    if not DIPSUM:
+        j_general = tl.maximum(_first_general_block(BMIN, MINSUF, bh, I, nB, CB), j_lo)
+    for jj in range(0, I - j_general):
+        dq, c, mid, zmid, qpsi, qbeta = _dq_step(
+            q, do, K, V, SUF, ZSUF, PSIP, BMIN, ZBLK, CARRY, SEGP, A_PARTIAL, KAPPA, b, h, bh, I, I - 1 - jj,
+            nB, fbase, Tp, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_d, mid, zmid, pre_i, zpre_i, psi_i, phi_i,
+            seg_i, lse, delta, beta, sl2, bl2, phi_start, threshold, dq, c, qpsi, qbeta,
+            BS, NSUB, SKIP, PREC, FAST, True, QLEVEL, DIPSUM, SEG)
+    for jj in range(I - j_general, I - j_lo):
+        dq, c, mid, zmid, qpsi, qbeta = _dq_step(
+            q, do, K, V, SUF, ZSUF, PSIP, BMIN, ZBLK, CARRY, SEGP, A_PARTIAL, KAPPA, b, h, bh, I, I - 1 - jj,
+            nB, fbase, Tp, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_d, mid, zmid, pre_i, zpre_i, psi_i, phi_i,
+            seg_i, lse, delta, beta, sl2, bl2, phi_start, threshold, dq, c, qpsi, qbeta,
+            BS, NSUB, SKIP, PREC, FAST, False, QLEVEL, DIPSUM, SEG)
 
     tl.store(DQ + b * s_dqb + h * s_dqh + offs_m[:, None] * s_dqt + offs_d[None, :],
              (dq * qk_scale).to(DQ.dtype.element_ty), mask=row_ok[:, None])
     tl.store(DELTA + fbase + offs_m, delta)
-    tl.store(CSUM + fbase + offs_m, c)
+    if not DIPSUM:
+        tl.store(CSUM + fbase + offs_m, c)
+    if QLEVEL:
+        tl.store(DPSI + fbase + offs_m, qpsi)
+        tl.store(DBETA + fbase + offs_m, qbeta)
 
 
 @triton.jit
-def _dq_step(q, do, K, V, SUF, ZSUF, PSIP, BMIN, ZBLK, A_PARTIAL, KAPPA, b, h, bh, I, J, nB, fbase, Tp,
-             s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_d, mid, zmid, pre_i, zpre_i, lse, delta, beta, sl2, bl2,
-             phi_start, threshold, dq, c, BS: tl.constexpr, SKIP: tl.constexpr, PREC: tl.constexpr, FAST: tl.constexpr,
-             GENERAL: tl.constexpr):
-    # key block J of the query-major walk: its tile (a skipped tile contributes nothing, but the field
-    # kernel reads every J < I entry of A_PARTIAL and KAPPA), then block J joins mid and zmid
-    offs_n = J * BS + tl.arange(0, BS)
-    suf = tl.load(SUF + fbase + offs_n)
-    zsuf = tl.load(ZSUF + fbase + offs_n)
-    psi = tl.load(PSIP + fbase + offs_n)
+def _dq_step(q, do, K, V, SUF, ZSUF, PSIP, BMIN, ZBLK, CARRY, SEGP, A_PARTIAL, KAPPA, b, h, bh, I, J, nB, fbase, Tp,
+             s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_d, mid, zmid, pre_i, zpre_i, psi_i, phi_i, seg_i,
+             lse, delta, beta, sl2, bl2, phi_start, threshold, dq, c, qpsi, qbeta,
+             BS: tl.constexpr, NSUB: tl.constexpr, SKIP: tl.constexpr, PREC: tl.constexpr, FAST: tl.constexpr,
+             GENERAL: tl.constexpr, QLEVEL: tl.constexpr, DIPSUM: tl.constexpr, SEG: tl.constexpr):
+    # key block J of the query-major walk, as NSUB sub-tiles of BS // NSUB keys (each sub-tile's temporaries
+    # die before the next starts): its tile (a skipped tile contributes nothing, but the field kernel reads
+    # every visited entry of A_PARTIAL and KAPPA), then block J joins mid and zmid
+    BN: tl.constexpr = BS // NSUB
     keep = True
     if SKIP:
-        keep = _keep_tile(suf, psi, mid, phi_start, beta, threshold)
+        offs_blk = J * BS + tl.arange(0, BS)
+        keep = _keep_tile(_key_vector(SUF, CARRY, fbase, bh, nB, Tp, I, offs_blk, DIPSUM),
+                          tl.load(PSIP + fbase + offs_blk), mid, phi_start, pre_i, psi_i, beta, threshold,
+                          QLEVEL, DIPSUM)
+    kap = 0.0
     if keep:
-        dq, c = _dq_tile(q, do, K, V, A_PARTIAL, KAPPA, b, h, bh, I, J, nB, Tp,
-                         s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d,
-                         suf, zsuf, psi, mid, zmid, pre_i, zpre_i, lse, delta, beta, sl2, bl2,
-                         dq, c, PREC, FAST, GENERAL)
-    else:
-        tl.store(A_PARTIAL + (bh * nB + I) * Tp + offs_n, tl.zeros([BS], tl.float32))
-        tl.store(KAPPA + (bh * nB + J) * nB + I, 0.0)
-    bm = tl.load(BMIN + bh * nB + J)
-    zb = tl.load(ZBLK + bh * nB + J)
-    mid_new = tl.minimum(mid, bm)
-    zmid = zmid * tl.exp(mid_new - mid) + zb * tl.exp(mid_new - bm)
-    return dq, c, mid_new, zmid
+        for sub in tl.static_range(NSUB):
+            offs_n = J * BS + sub * BN + tl.arange(0, BN)
+            dq, c, kap, qpsi, qbeta = _dq_tile(
+                q, do, K, V, SEGP, A_PARTIAL, b, h, bh, I, nB, Tp, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d,
+                _key_vector(SUF, CARRY, fbase, bh, nB, Tp, I, offs_n, DIPSUM), tl.load(ZSUF + fbase + offs_n),
+                tl.load(PSIP + fbase + offs_n), mid, zmid, pre_i, zpre_i, psi_i, phi_i, seg_i, lse, delta, beta,
+                sl2, bl2, dq, c, kap, qpsi, qbeta, PREC, FAST, GENERAL, QLEVEL, DIPSUM, SEG)
+    elif not DIPSUM:
+        tl.store(A_PARTIAL + (bh * nB + I) * Tp + J * BS + tl.arange(0, BS), tl.zeros([BS], tl.float32))
+    if not DIPSUM:
+        tl.store(KAPPA + (bh * nB + J) * nB + I, kap)
+        bm = tl.load(BMIN + bh * nB + J)
+        zb = tl.load(ZBLK + bh * nB + J)
+        mid_new = tl.minimum(mid, bm)
+        zmid = zmid * tl.exp(mid_new - mid) + zb * tl.exp(mid_new - bm)
+        mid = mid_new
+    return dq, c, mid, zmid, qpsi, qbeta
 
 
 # ---------------------------------------------------------------------------------------------
@@ -407,24 +614,14 @@ def _fpa_bwd_dkdv_kernel(
     Q, K, V, DO, DK, DV,
     s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_ot, s_oh,
     s_dkb, s_dkt, s_dkh, s_dvb, s_dvt, s_dvh,
-    LSE, DELTA, PHIP, PSIP, SUF, PRE, BMIN, BETA,
+    LSE, DELTA, PHIP, PSIP, SUF, PRE, BMIN, SEGP, IHI, BETA,
     DPSI, DBETA,
     T, H, Tp, nB, qk_scale, threshold,
-    BS: tl.constexpr, D: tl.constexpr, SKIP: tl.constexpr, PREC: tl.constexpr,
+    BS: tl.constexpr, D: tl.constexpr, SKIP: tl.constexpr, PREC: tl.constexpr, MSUB: tl.constexpr,
+    QLEVEL: tl.constexpr, SEG: tl.constexpr,
 ):
-    J = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    beta = tl.load(BETA + h).to(tl.float32)
-    bl2 = beta * LOG2E
-    sl2 = qk_scale * LOG2E
-    offs_n = J * BS + tl.arange(0, BS)
-    offs_d = tl.arange(0, D)
-    col_ok = offs_n < T
-    k = tl.load(K + b * s_kb + h * s_kh + offs_n[:, None] * s_kt + offs_d[None, :], mask=col_ok[:, None], other=0.0)
-    v = tl.load(V + b * s_vb + h * s_vh + offs_n[:, None] * s_vt + offs_d[None, :], mask=col_ok[:, None], other=0.0)
-    fbase = bh * Tp
+    J, bh, b, h, beta, bl2, sl2, fbase, offs_n, offs_d, k, v, seg_j, i_hi = _key_block(
+        K, V, SEGP, IHI, BETA, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, T, H, Tp, nB, qk_scale, BS, D, SEG)
     phi_j = tl.load(PHIP + fbase + offs_n)
     psi = tl.load(PSIP + fbase + offs_n)
     suf = tl.load(SUF + fbase + offs_n)
@@ -432,45 +629,123 @@ def _fpa_bwd_dkdv_kernel(
     dv = tl.zeros([BS, D], tl.float32)
 
     # diagonal block (I = J): rows t, columns s, both in this block
-    offs_m = offs_n
-    row_ok = col_ok
-    q = tl.load(Q + b * s_qb + h * s_qh + offs_m[:, None] * s_qt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-    do = tl.load(DO + b * s_ob + h * s_oh + offs_m[:, None] * s_ot + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-    lse = tl.load(LSE + fbase + offs_m)
-    delta = tl.load(DELTA + fbase + offs_m)
-    after = offs_m[:, None] > offs_n[None, :]
-    Mt = tl.associative_scan(tl.where(after, phi_j[:, None], FAR), 0, _min_combine)
-    dlt = tl.where(after, tl.minimum(Mt - psi[None, :], 0.0), 0.0)
-    s = tl.dot(q, tl.trans(k), input_precision=PREC) * sl2 + dlt * bl2
-    p = tl.exp2(s - lse[:, None])
-    p = tl.where((offs_m[:, None] >= offs_n[None, :]) & row_ok[:, None], p, 0.0)
-    dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision=PREC)
-    dp = tl.dot(do, tl.trans(v), input_precision=PREC)
-    ds = p * (dp - delta[:, None])
-    dk += tl.dot(tl.trans(ds).to(q.dtype), q, input_precision=PREC)
+    q, do, lse, delta = _query_rows(Q, DO, LSE, DELTA, b, h, fbase, offs_n, T, s_qb, s_qt, s_qh, s_ob, s_ot, s_oh,
+                                    offs_d)
+    dlt = _diag_depth(phi_j, psi, offs_n[:, None] > offs_n[None, :], QLEVEL, False)
+    dk, dv, ds = _diagonal_key_tile(q, k, v, do, lse, delta, dlt, seg_j, offs_n, T, sl2, bl2, dk, dv, PREC, SEG)
     dpsi = -beta * tl.sum(tl.where(dlt < 0.0, ds, 0.0), axis=0)
     dbeta = tl.sum(ds * dlt, axis=0)
 
     mid = FAR
-    for I in range(J + 1, nB):
+    for I in range(J + 1, i_hi + 1):
         m2 = tl.minimum(suf, mid)
         keep = True
         if SKIP:
-            phi_start = tl.load(PHIP + fbase + I * BS)
-            keep = _keep_tile(suf, psi, mid, phi_start, beta, threshold)
+            offs_i = I * BS + tl.arange(0, BS)
+            keep = _keep_tile(suf, psi, mid, tl.load(PHIP + fbase + I * BS), tl.load(PRE + fbase + offs_i),
+                              tl.load(PSIP + fbase + offs_i), beta, threshold, QLEVEL, False)
         if keep:
-            dk, dv, dpsi, dbeta = _dkdv_tile(
-                k, v, Q, DO, LSE, DELTA, PRE, b, h, I, fbase, T,
-                s_qb, s_qt, s_qh, s_ob, s_ot, s_oh, offs_d, BS,
-                psi, m2, beta, sl2, bl2, dk, dv, dpsi, dbeta, PREC)
+            for sub in tl.static_range(MSUB):  # query sub-tiles: fewer live temporaries
+                dk, dv, dpsi, dbeta = _dkdv_tile(
+                    k, v, Q, DO, LSE, DELTA, PRE, PSIP, SEGP, seg_j, b, h,
+                    I * BS + sub * (BS // MSUB) + tl.arange(0, BS // MSUB), fbase, T, Tp,
+                    s_qb, s_qt, s_qh, s_ob, s_ot, s_oh, offs_d,
+                    psi, m2, beta, sl2, bl2, dk, dv, dpsi, dbeta, PREC, QLEVEL, SEG)
         mid = tl.minimum(mid, tl.load(BMIN + bh * nB + I))
 
-    tl.store(DK + b * s_dkb + h * s_dkh + offs_n[:, None] * s_dkt + offs_d[None, :],
-             (dk * qk_scale).to(DK.dtype.element_ty), mask=col_ok[:, None])
-    tl.store(DV + b * s_dvb + h * s_dvh + offs_n[:, None] * s_dvt + offs_d[None, :],
-             dv.to(DV.dtype.element_ty), mask=col_ok[:, None])
+    _store_key_grads(DK, DV, b, h, offs_n, offs_d, T, s_dkb, s_dkt, s_dkh, s_dvb, s_dvt, s_dvh, dk, dv, qk_scale)
+    if not QLEVEL:  # a query level's dpsi and dbeta are the query-major kernel's
+        tl.store(DPSI + fbase + offs_n, dpsi)
+        tl.store(DBETA + fbase + offs_n, dbeta)
+
+
+# ---------------------------------------------------------------------------------------------
+# dip-sum's backward, key-major: dk, dv, dpsi, dbeta and the field gradient, as partials per key block
+#   R[u, s] = sum_{t >= u} dS[t, s];  dphi_u = beta sum_{s<u} R[u, s] [phi_u < psi_s];
+#   dpsi_s = -beta sum_{u>s} R[u, s] [phi_u < psi_s];  dbeta = sum dS * D   (docs/kernel.md)
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def _fpa_bwd_dipsum_kernel(
+    Q, K, V, DO, DK, DV,
+    s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_ot, s_oh,
+    s_dkb, s_dkt, s_dkh, s_dvb, s_dvt, s_dvh,
+    LSE, DELTA, PHIP, PSIP, CARRY, SEGP, IHI, BETA,
+    DPSI, DBETA, DPHI_PARTIAL,
+    T, H, Tp, nB, qk_scale, threshold,
+    BS: tl.constexpr, D: tl.constexpr, SKIP: tl.constexpr, PREC: tl.constexpr, SEG: tl.constexpr,
+):
+    # Walks the query blocks downwards (I = i_hi .. J+1, then the diagonal), so R's sum over later queries is a
+    # running column sum. dphi_u for u in block I gets a partial from every key block J <= I, stored in
+    # DPHI_PARTIAL[J, u] and summed in fixed order by _fpa_dphi_sum_kernel (deterministic, no atomics).
+    J, bh, b, h, beta, bl2, sl2, fbase, offs_n, offs_d, k, v, seg_j, i_hi = _key_block(
+        K, V, SEGP, IHI, BETA, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, T, H, Tp, nB, qk_scale, BS, D, SEG)
+    psi = tl.load(PSIP + fbase + offs_n)
+    dk = tl.zeros([BS, D], tl.float32)
+    dv = tl.zeros([BS, D], tl.float32)
+    dpsi = tl.zeros([BS], tl.float32)
+    dbeta = tl.zeros([BS], tl.float32)
+    colsum = tl.zeros([BS], tl.float32)  # sum of dS[t, s] over the query blocks after the current one
+
+    for ii in range(0, i_hi - J):
+        I = i_hi - ii
+        offs_m = I * BS + tl.arange(0, BS)
+        carry = tl.load(CARRY + (bh * nB + I) * Tp + offs_n)
+        phi_i = tl.load(PHIP + fbase + offs_m)
+        keep = True
+        if SKIP:
+            keep = _keep_tile(carry, psi, 0.0, tl.load(PHIP + fbase + I * BS), phi_i, phi_i, beta, threshold,
+                              False, True)
+        dead = phi_i[None, :] < psi[:, None]  # [s, t]
+        inner = tl.zeros([BS, BS], tl.float32)  # sum of dS[t, s] over t >= u inside block I, at [s, u]
+        tile_sum = tl.zeros([BS], tl.float32)
+        if keep:  # transposed tile [s, t]
+            q, do, lse, delta = _query_rows(Q, DO, LSE, DELTA, b, h, fbase, offs_m, T, s_qb, s_qt, s_qh, s_ob, s_ot,
+                                            s_oh, offs_d)
+            depth = carry[:, None] + tl.cumsum(tl.where(dead, phi_i[None, :] - psi[:, None], 0.0), axis=1)
+            dk, dv, dsT = _offdiag_key_tile(k, v, q, do, lse, delta, depth, seg_j, SEGP, b, Tp, offs_m, sl2, bl2,
+                                            dk, dv, PREC, SEG)
+            inner = tl.cumsum(dsT, axis=1, reverse=True)
+            b_s, tile_sum = tl.reduce((dsT * depth, dsT), 1, _add2)
+            dbeta += b_s
+        # R[u, s] for u in block I: the later blocks' column sum plus the sum over t >= u inside block I. A
+        # skipped tile has dS = 0, but its dips still lie on the paths of the later kept pairs (colsum).
+        xr = tl.where(dead, colsum[:, None] + inner, 0.0)
+        dpsi -= beta * tl.sum(xr, axis=1)
+        tl.store(DPHI_PARTIAL + (bh * nB + J) * Tp + offs_m, beta * tl.sum(xr, axis=0))
+        colsum += tile_sum
+
+    # diagonal block (I = J), rows t, columns s, after every later block has joined colsum
+    phi = tl.load(PHIP + fbase + offs_n)
+    q, do, lse, delta = _query_rows(Q, DO, LSE, DELTA, b, h, fbase, offs_n, T, s_qb, s_qt, s_qh, s_ob, s_ot, s_oh,
+                                    offs_d)
+    dead = (offs_n[:, None] > offs_n[None, :]) & (phi[:, None] < psi[None, :])
+    depth = tl.cumsum(tl.where(dead, phi[:, None] - psi[None, :], 0.0), axis=0)
+    dk, dv, ds = _diagonal_key_tile(q, k, v, do, lse, delta, depth, seg_j, offs_n, T, sl2, bl2, dk, dv, PREC, SEG)
+    xr = tl.where(dead, colsum[None, :] + tl.cumsum(ds, axis=0, reverse=True), 0.0)  # [u, s]
+    dpsi -= beta * tl.sum(xr, axis=0)
+    dbeta += tl.sum(ds * depth, axis=0)
+    tl.store(DPHI_PARTIAL + (bh * nB + J) * Tp + offs_n, beta * tl.sum(xr, axis=1))
+
+    _store_key_grads(DK, DV, b, h, offs_n, offs_d, T, s_dkb, s_dkt, s_dkh, s_dvb, s_dvt, s_dvh, dk, dv, qk_scale)
     tl.store(DPSI + fbase + offs_n, dpsi)
     tl.store(DBETA + fbase + offs_n, dbeta)
+
+
+@triton.jit
+def _fpa_dphi_sum_kernel(DPHI_PARTIAL, IHI, DPHI, H, Tp, nB, BS: tl.constexpr, SEG: tl.constexpr):
+    # dphi_u for u in block K: the partials of key blocks J = 0 .. K in ascending order (those a key block's
+    # walk never reached, after its i_hi, are zero by construction and are not read)
+    K = tl.program_id(0)
+    bh = tl.program_id(1)
+    offs = K * BS + tl.arange(0, BS)
+    acc = tl.zeros([BS], tl.float32)
+    for J in range(0, K + 1):
+        if SEG:
+            if tl.load(IHI + (bh // H) * nB + J) >= K:
+                acc += tl.load(DPHI_PARTIAL + (bh * nB + J) * Tp + offs)
+        else:
+            acc += tl.load(DPHI_PARTIAL + (bh * nB + J) * Tp + offs)
+    tl.store(DPHI + bh * Tp + offs, acc)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -481,9 +756,9 @@ def _fpa_bwd_dkdv_kernel(
 #   query prefix: sum_{t >= u in K} c_t exp(pre(t) - phi_u)
 # ---------------------------------------------------------------------------------------------
 @triton.jit
-def _diagonal_field_grad(Q, K, V, DO, b, h, s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh,
-                         s_ob, s_ot, s_oh, lse, delta, phi, psi, beta, sl2, bl2, offs, T,
-                         D: tl.constexpr, PREC: tl.constexpr):
+def _diagonal_field_grad(Q, K, V, DO, SEGP, b, h, s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh,
+                         s_ob, s_ot, s_oh, lse, delta, phi, psi, beta, sl2, bl2, offs, T, Tp,
+                         D: tl.constexpr, PREC: tl.constexpr, QLEVEL: tl.constexpr, SEG: tl.constexpr):
     # rows t, columns s of one diagonal block; dphi_u = sum_{s<u<=t} G[t,s] e^{M(s,t) - phi_u} / Z'(s,t)
     offs_d = tl.arange(0, D)
     ok = offs < T
@@ -494,9 +769,16 @@ def _diagonal_field_grad(Q, K, V, DO, b, h, s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, 
     after = offs[:, None] > offs[None, :]
     Mt, Zt = tl.associative_scan(
         (tl.where(after, phi[:, None], FAR), tl.where(after, 1.0, 0.0)), 0, _minsum_combine)
-    dlt = Mt - psi[None, :]
+    if QLEVEL:
+        dlt = Mt - psi[:, None]
+    else:
+        dlt = Mt - psi[None, :]
     s = tl.dot(q, tl.trans(k), input_precision=PREC) * sl2 + tl.minimum(dlt, 0.0) * bl2
-    p = tl.where(after & ok[:, None], tl.exp2(s - lse[:, None]), 0.0)  # the t = s pair has no field term
+    pair = after & ok[:, None]  # the t = s pair has no field term
+    if SEG:
+        seg = tl.load(SEGP + b * Tp + offs)
+        pair = pair & (seg[:, None] == seg[None, :])
+    p = tl.where(pair, tl.exp2(s - lse[:, None]), 0.0)
     dp = tl.dot(do, tl.trans(v), input_precision=PREC)
     dead = (dlt < 0.0) & after
     r = tl.where(dead, p * (dp - delta[:, None]) * beta / tl.where(dead, Zt, 1.0), 0.0)
@@ -510,10 +792,13 @@ def _diagonal_field_grad(Q, K, V, DO, b, h, s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, 
 def _fpa_field_kernel(
     Q, K, V, DO,
     s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_ot, s_oh,
-    LSE, DELTA, PHIP, PSIP, SUF, PRE, BMIN, BETA, KAPPA, CSUM, A_PARTIAL, DPHI,
+    LSE, DELTA, PHIP, PSIP, SUF, PRE, BMIN, SEGP, JLO, IHI, BETA, KAPPA, CSUM, A_PARTIAL, DPHI,
     T, H, Tp, nB, qk_scale,
-    BS: tl.constexpr, D: tl.constexpr, CB: tl.constexpr, PREC: tl.constexpr,
+    BS: tl.constexpr, D: tl.constexpr, CB: tl.constexpr, PREC: tl.constexpr, QLEVEL: tl.constexpr,
+    SEG: tl.constexpr,
 ):
+    # With segments, the query-major walk of block I stops at j_lo(I): A_PARTIAL[I, .] and KAPPA[., I] are read
+    # for key blocks J >= j_lo(I) only (the others were never written and hold no pair of one document).
     Kb = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -522,10 +807,10 @@ def _fpa_field_kernel(
     fbase = bh * Tp
     offs = Kb * BS + tl.arange(0, BS)
     phi = tl.load(PHIP + fbase + offs)
-    dphi = _diagonal_field_grad(Q, K, V, DO, b, h, s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh,
+    dphi = _diagonal_field_grad(Q, K, V, DO, SEGP, b, h, s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh,
                                 s_ob, s_ot, s_oh, tl.load(LSE + fbase + offs), tl.load(DELTA + fbase + offs),
                                 phi, tl.load(PSIP + fbase + offs), beta, qk_scale * LOG2E, beta * LOG2E,
-                                offs, T, D, PREC)
+                                offs, T, Tp, D, PREC, QLEVEL, SEG)
 
     # middle: mid(J, I) = min(A_J, B_I) with A_J = min bmin over [J+1, K] and B_I = min bmin over
     # [K, I-1] (the range (J, I) contains K), so e^{mid - bmin_K} = min(e^{A_J - bmin_K}, e^{B_I - bmin_K}):
@@ -539,14 +824,18 @@ def _fpa_field_kernel(
         i_ok = ic < nB
         x_i = tl.load(BMIN + bh * nB + ic - 1, mask=i_ok, other=FAR)  # bmin[I - 1]
         eb = tl.exp(tl.minimum(tl.associative_scan(x_i, 0, _min_combine), carry_b) - bmin_k)
+        if SEG:
+            jlo_i = tl.load(JLO + b * nB + ic, mask=i_ok, other=nB)
         carry_a = FAR
         for c0 in range(0, Kb, CB):
             jr = Kb - 1 - c0 - idx  # descending J
             j_ok = jr >= 0
             x_j = tl.load(BMIN + bh * nB + jr + 1, mask=j_ok, other=FAR)  # bmin[J + 1]
             ea = tl.exp(tl.minimum(tl.associative_scan(x_j, 0, _min_combine), carry_a) - bmin_k)
-            kap = tl.load(KAPPA + (bh * nB + jr[:, None]) * nB + ic[None, :], mask=j_ok[:, None] & i_ok[None, :],
-                          other=0.0)
+            kmask = j_ok[:, None] & i_ok[None, :]
+            if SEG:
+                kmask = kmask & (jr[:, None] >= jlo_i[None, :])
+            kap = tl.load(KAPPA + (bh * nB + jr[:, None]) * nB + ic[None, :], mask=kmask, other=0.0)
             acc += kap * tl.minimum(ea[:, None], eb[None, :])
             carry_a = tl.minimum(carry_a, tl.min(x_j, axis=0))
         carry_b = tl.minimum(carry_b, tl.min(x_i, axis=0))
@@ -554,8 +843,15 @@ def _fpa_field_kernel(
 
     # key-suffix sums of this block, a_s = sum over query blocks I > K (fixed order: deterministic)
     a = tl.zeros([BS], tl.float32)
-    for I in range(Kb + 1, nB):
-        a += tl.load(A_PARTIAL + (bh * nB + I) * Tp + offs)
+    i_hi = nB - 1
+    if SEG:
+        i_hi = tl.load(IHI + b * nB + Kb)
+    for I in range(Kb + 1, i_hi + 1):
+        if SEG:
+            if tl.load(JLO + b * nB + I) <= Kb:
+                a += tl.load(A_PARTIAL + (bh * nB + I) * Tp + offs)
+        else:
+            a += tl.load(A_PARTIAL + (bh * nB + I) * Tp + offs)
     c = tl.load(CSUM + fbase + offs)
     suf = tl.load(SUF + fbase + offs)
     pre = tl.load(PRE + fbase + offs)

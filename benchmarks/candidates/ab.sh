@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# GPU A/B of a kernel candidate: correctness first, then timing. Run from the repository root on the GPU machine.
+#   bash benchmarks/candidates/ab.sh PATCH [shapes] [methods]     all steps, one table at the end
+#   bash benchmarks/candidates/ab.sh tree PATCH                   only print a patched copy's folder
+#   bash benchmarks/candidates/ab.sh test DIR | time DIR LOG [shapes] [methods]
+# tree: copies the library, the benchmarks and the kernel tests into a temporary folder and applies the patch there.
+# test: the GPU tests of the default variant on that copy (-x: a failure stops the A/B before any timing).
+# time: benchmarks/attention.py in that copy, in its own process; every number is a ratio to SDPA-flash measured in
+# the same process. The full run times the base the same way and prints base and candidate side by side.
+# Adopt only what is faster on the GPU, and log the A/B in benchmarks/KERNEL_LOG.md.
+set -euo pipefail
+export PYTHONUNBUFFERED=1
+SHAPES=8x2048,4x4096,2x8192,1x16384
+METHODS=fpa,fpa-skip10
+
+tree() {
+    local dir
+    dir=$(mktemp -d)
+    mkdir -p "$dir/tests"
+    cp -r fpa_lightning benchmarks pyproject.toml "$dir"/
+    cp -r tests/conftest.py tests/ops "$dir/tests/"
+    local patch
+    patch=$(realpath "$1")
+    (cd "$dir" && { git apply "$patch" 2>/dev/null || patch -p1 -s < "$patch"; })
+    echo "$dir"
+}
+
+run_tests() {
+    (cd "$1" && PYTHONPATH=. python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/ops/test_fpa_fused.py -k "not variant")
+}
+
+run_timing() {  # DIR LOG [shapes] [methods]
+    (cd "$1" && PYTHONPATH=. python3 benchmarks/attention.py --shapes "${3:-$SHAPES}" --methods "${4:-$METHODS}") > "$2" 2>&1
+}
+
+table() {  # NAME BASE_LOG CANDIDATE_LOG: fwd+bwd ratios side by side
+    echo "| shape | method | base fwd+bwd / flash | $1 fwd+bwd / flash |"
+    echo "|---|---|---|---|"
+    python3 - "$2" "$3" <<'PY'
+import re, sys
+def ratios(path):
+    out = {}
+    for line in open(path):
+        m = re.match(r"\| (\S+) \| (\S+) \| [\d.]+ \| [\d.]+ \| ([\d.]+) \| ([\d.]+) \|", line)
+        if m and m.group(2) != "sdpa-flash":
+            out[(m.group(1), m.group(2))] = (float(m.group(3)), float(m.group(4)))
+    return out
+base, cand = ratios(sys.argv[1]), ratios(sys.argv[2])
+for key, (ms, ratio) in cand.items():
+    b_ms, b_ratio = base.get(key, (float("nan"), float("nan")))
+    print(f"| {key[0]} | {key[1]} | {b_ratio:.2f}x ({b_ms:.3f} ms) | {ratio:.2f}x ({ms:.3f} ms) |")
+PY
+}
+
+case "$1" in
+    tree) tree "$2" ;;
+    test) run_tests "$2" ;;
+    time) run_timing "$2" "$3" "${4:-}" "${5:-}" ;;
+    table) table "$2" "$3" "$4" ;;
+    *)
+        name=$(basename "$1" .patch)
+        dir=$(tree "$1")
+        echo "== $name: GPU tests of the default variant on the patched copy"
+        run_tests "$dir" 2>&1 | tail -3
+        run_timing . "$dir/base.log" "${2:-}" "${3:-}"
+        run_timing "$dir" "$dir/candidate.log" "${2:-}" "${3:-}"
+        table "$name" "$dir/base.log" "$dir/candidate.log"
+        ;;
+esac

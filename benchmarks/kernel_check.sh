@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The fused FPA kernel's GPU check in one command (about 8 minutes on one H200), a short table last:
+#   1. the GPU tests of tests/ops/test_fpa_fused.py (in five processes by variant, so that Triton's compilation
+#      overlaps), the backend wiring test, and each candidate's tests on its patched copy
+#      (benchmarks/candidates/*.patch), all in parallel;
+#   2. benchmarks/attention.py: SDPA-flash, FPA dense and with skipping, and each variant (query, dipsum, docs);
+#   3. each candidate's timing in its own process (ratios to its own SDPA-flash), beside the base of step 2.
+#   bash benchmarks/kernel_check.sh [results folder]
+set -uo pipefail
+out=${1:-kernel_results}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
+status=0
+pids=()
+limit=${TEST_LIMIT_S:-390}  # each test process: a hang must not eat the timing phase
+# one pytest process per group of kernels to compile: Triton's compilation is single-threaded per process
+for group in "default_shapes:not variant and bf16_random_shapes" "default_rest:not variant and not bf16_random_shapes" \
+             "query:variant and query" "dipsum:variant and dipsum" "docs:variant and docs and not query and not dipsum"; do
+    timeout "$limit" python3 -m pytest -q -m gpu -p no:cacheprovider tests/ops/test_fpa_fused.py -k "${group#*:}" \
+        > "$out/tests_${group%%:*}.log" 2>&1 &
+    pids+=($!)
+done
+timeout "$limit" python3 -m pytest -q -p no:cacheprovider tests/attention/test_backends.py -k "fused_path or impl_resolution" \
+    > "$out/tests_backends.log" 2>&1 &
+pids+=($!)
+declare -A trees
+for patch in benchmarks/candidates/*.patch; do
+    [ -e "$patch" ] || continue
+    name=$(basename "$patch" .patch)
+    trees[$name]=$(bash benchmarks/candidates/ab.sh tree "$patch")
+    timeout "$limit" bash benchmarks/candidates/ab.sh test "${trees[$name]}" > "$out/tests_candidate_$name.log" 2>&1 &
+    pids+=($!)
+done
+for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+# the timing phase takes ~3 minutes at four shapes; past TIME_LEFT_S (default 300) of tests it keeps two shapes, so
+# that the whole check stays within ~9 minutes
+shapes=8x2048,4x4096,2x8192,1x16384
+if (( SECONDS > ${TIME_LEFT_S:-300} )); then shapes=8x2048,1x16384; fi
+echo "tests took ${SECONDS} s; timing shapes $shapes"
+python3 benchmarks/attention.py --methods sdpa-flash,fpa,fpa-skip10,fpa-query,fpa-dipsum,fpa-docs --shapes "$shapes" \
+    > "$out/attention.log" 2>&1 || status=1
+for name in "${!trees[@]}"; do
+    last=$(tail -n 1 "$out/tests_candidate_$name.log")
+    if [[ "$last" == *" passed"* && "$last" != *failed* && "$last" != *error* ]]; then
+        bash benchmarks/candidates/ab.sh time "${trees[$name]}" "$out/timing_candidate_$name.log" "$shapes" fpa,fpa-skip10 \
+            || status=1
+    fi
+done
+echo
+echo "== tests (last lines)"
+for f in "$out"/tests_*.log; do echo "$(basename "$f" .log): $(tail -n 1 "$f")"; done
+for name in "${!trees[@]}"; do
+    echo "== candidate $name (timed only if its tests passed)"
+    [ -f "$out/timing_candidate_$name.log" ] && bash benchmarks/candidates/ab.sh table "$name" "$out/attention.log" \
+        "$out/timing_candidate_$name.log"
+done
+echo "== benchmarks/attention.py, one run (ratios to SDPA-flash)"
+grep "^|" "$out/attention.log"
+exit $status

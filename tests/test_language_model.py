@@ -193,10 +193,11 @@ def test_auto_falls_back_loudly_once_naming_the_layer(tmp_path):
                                          r"\(fpa\): the fused path needs a CUDA GPU, the run is on cpu"):
         fit(lm, 1, tmp_path)
     assert lm.model.attention_fallbacks("cuda") == []
-    dipsum = LanguageModel(tiny_config(impl="auto", fpa_reduction="dipsum"))
-    assert dipsum.model.attention_fallbacks("cuda") == [
+    odd_dim = LanguageModel(ModelConfig(vocab_size=VOCAB, n_layer=2, d_model=24, n_head=2, d_mlp=64,
+                                        attention=AttentionConfig(impl="auto")))  # head dim 12: no kernel
+    assert odd_dim.model.attention_fallbacks("cuda") == [
         "attention.impl='auto' falls back to the slower chunked path in layer(s) [0, 1] (fpa): the Triton kernel "
-        "implements the min reduction with a key level only"]
+        "supports head dims (16, 32, 64, 128), got 12"]
     assert LanguageModel(tiny_config(impl="chunked")).model.attention_fallbacks("cpu") == []  # asked for
 
 

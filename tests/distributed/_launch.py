@@ -10,9 +10,14 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
 def train_py(runs: pathlib.Path, *args: str, timeout: int = 300) -> None:
-    """The quickstart config with ``args`` on top; logs and checkpoints under ``runs``. A hang fails after timeout."""
+    """The quickstart config with ``args`` on top; logs and checkpoints under ``runs``. A hang fails after timeout.
+
+    ``FPA_TEST_TOKENIZER`` (a tokenizer.json) replaces the offline Mistral conversion on machines without
+    mistral-common (the GPU machine)."""
+    tokenizer = os.environ.get("FPA_TEST_TOKENIZER")
     command = [sys.executable, str(REPO / "train.py"), "fit", "--config", str(REPO / "configs" / "quickstart.yaml"),
-               f"--trainer.logger.init_args.save_dir={runs}", "--trainer.enable_progress_bar=false", *args]
+               f"--trainer.logger.init_args.save_dir={runs}", "--trainer.enable_progress_bar=false",
+               *([f"--data.init_args.tokenizer={tokenizer}"] if tokenizer else []), *args]
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     runs.mkdir(parents=True, exist_ok=True)
     done = subprocess.run(command, cwd=runs.parent, env=env, capture_output=True, text=True, timeout=timeout)

@@ -478,9 +478,13 @@ GPU_VARIANT_SHAPES = [(2, 100, 2, 64), (2, 777, 2, 64), (1, 1024, 2, 64), (1, 20
 @pytest.mark.parametrize("shape", GPU_VARIANT_SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("name", VARIANT_NAMES)
 def test_gpu_variant_bf16_shapes(name, shape):
+    # Judged against float64 on the bf16-rounded inputs: dβ sums every dead pair, and rounding the inputs alone moved
+    # the exact dβ by more than 2x torch's bf16 error on the original inputs for dipsum, docs and query at T = 777 and
+    # 2049 (H200, 2026-12-01), as for fp16 (test_gpu_fp16_against_exact_on_rounded_inputs).
     B, T, H, D = shape
     inputs, do = make_inputs(B, T, H, D, drift=-0.05, step=1.0, seed=T)
-    check_against_reference(inputs, do, torch.bfloat16, "cuda", variant=variant_kwargs(name, B, T, "cuda", seed=T))
+    check_against_reference(inputs, do, torch.bfloat16, "cuda", exact_on_rounded=True,
+                            variant=variant_kwargs(name, B, T, "cuda", seed=T))
 
 
 @pytest.mark.gpu

@@ -3,7 +3,7 @@
 A task module defines ``TASK`` (a ``Task``: description, the options it reads, its runner) and the function that
 does the work on loaded checkpoints. A new task is a new module plus one line here (docs in README, "Evaluation").
 """
-from fpa_lightning.evaluation.tasks import cache_prune, passkey, pg19_long, test_loss
+from fpa_lightning.evaluation.tasks import cache_prune, passkey, pg19_long, probes, test_loss
 from fpa_lightning.evaluation.tasks.common import Task, TaskOutput
 
 TASKS: dict[str, Task] = {
@@ -11,6 +11,7 @@ TASKS: dict[str, Task] = {
     "passkey": passkey.TASK,
     "test_loss": test_loss.TASK,
     "cache_prune": cache_prune.TASK,
+    "probes": probes.TASK,
 }
 
 __all__ = ["TASKS", "Task", "TaskOutput"]

@@ -38,15 +38,20 @@ def row_record(group: Group, backend: str, seeds: list[int], budget: Budget, dev
             "paper": group.paper.get(backend)}
 
 
+PARTIAL = "probes.partial.json"
+"""Rows finished so far by an interrupted run, in its output folder (read back like probes.json)."""
+
+
 def load_rows(paths: list[str]) -> list[dict]:
-    """Rows of earlier probes.json files (missing files are skipped)."""
+    """Rows of earlier runs: probes.json files, or folders holding probes.json and/or probes.partial.json (missing
+    files are skipped)."""
     rows = []
     for path in paths:
-        if os.path.isdir(path):
-            path = os.path.join(path, "probes.json")
-        if os.path.exists(path):
-            with open(path, encoding="utf-8") as f:
-                rows.extend(json.load(f)["results"]["rows"])
+        files = [os.path.join(path, "probes.json"), os.path.join(path, PARTIAL)] if os.path.isdir(path) else [path]
+        for file in filter(os.path.exists, files):
+            with open(file, encoding="utf-8") as f:
+                record = json.load(f)
+            rows.extend(record["results"]["rows"] if "results" in record else record["rows"])
     return rows
 
 
@@ -59,8 +64,9 @@ def budget_for(group: Group, budget: Budget, steps: int | None) -> Budget:
 
 
 def run_rows(plan: list[tuple[Group, str]], seeds: list[int], budget: Budget, steps: int | None, device: str,
-             earlier: list[dict], workers: int = 1, log=print) -> list[dict]:
-    """Train every planned row not found in `earlier`; returns the records in plan order."""
+             earlier: list[dict], workers: int = 1, log=print, partial: str | None = None) -> list[dict]:
+    """Train every planned row not found in `earlier`; returns the records in plan order. With `partial` (a file
+    path), every finished row is saved there at once, so an interrupted run loses nothing."""
     todo, done = [], {}
     for i, (group, backend) in enumerate(plan):
         found = _find(earlier, row_identity(group, backend, seeds, budget_for(group, budget, steps)))
@@ -74,6 +80,9 @@ def run_rows(plan: list[tuple[Group, str]], seeds: list[int], budget: Budget, st
 
     def finished(n: int, i: int, record: dict) -> None:
         done[i] = record
+        if partial is not None:
+            with open(partial, "w", encoding="utf-8") as f:
+                json.dump({"rows": [done[j] for j in sorted(done)]}, f)
         elapsed = time.time() - started
         eta = elapsed / n * (len(todo) - n)
         log(f"[{n}/{len(todo)}] {record['group']} · {record['backend']}: {record['successes']}/{len(seeds)} seeds "

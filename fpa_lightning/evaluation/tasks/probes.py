@@ -21,7 +21,7 @@ from fpa_lightning.evaluation.tasks.common import Task, TaskOutput
 from fpa_lightning.probes import PROBES
 from fpa_lightning.probes.model import VARIANTS
 from fpa_lightning.probes.report import comparison_table, markdown_table, plot_table
-from fpa_lightning.probes.runner import comparisons, load_rows, run_rows
+from fpa_lightning.probes.runner import PARTIAL, comparisons, load_rows, run_rows
 from fpa_lightning.probes.table import GROUPS, select
 from fpa_lightning.probes.train import Budget
 
@@ -92,11 +92,15 @@ def run(args: argparse.Namespace, models: list[LoadedModel], runtime: Runtime, d
     budget = Budget(batch=args.train_batch or Budget.batch, lr=args.lr or Budget.lr,
                     weight_decay=args.weight_decay or Budget.weight_decay)
     earlier = load_rows([args.out, *(args.merge or [])])
-    rows = run_rows(plan, seeds, budget, args.steps, str(runtime.device), earlier, workers=args.workers or 1)
+    os.makedirs(args.out, exist_ok=True)
+    partial = os.path.join(args.out, PARTIAL)
+    rows = run_rows(plan, seeds, budget, args.steps, str(runtime.device), earlier, workers=args.workers or 1,
+                    partial=partial)
     rows = _with_other_rows(rows, earlier)
+    if os.path.exists(partial):
+        os.remove(partial)  # probes.json, written next, holds every row
     comps = comparisons(rows)
     table = markdown_table(rows, comps) + "\n" + comparison_table(comps)
-    os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "probes.md"), "w", encoding="utf-8") as f:
         f.write(table)
     print(table)

@@ -115,7 +115,7 @@ def _train_job(group, backend, seeds, budget, device) -> dict:
 
 def _progress_printer(steps: int, log):
     started = time.time()
-    every = max(1, steps // 10)
+    every = max(50, steps // 10 // 50 * 50)  # progress arrives every 50 steps
 
     def progress(step: int, loss: float) -> None:
         if step % every == 0 or step == steps:

@@ -115,6 +115,6 @@ def train_row(probe: Probe, variant: Variant, shape: Shape, seeds: list[int], bu
         schedule.step()
         if step >= budget.steps - tail:
             recent += loss.detach()
-        if progress is not None and (step % 50 == 0 or step == budget.steps - 1):
+        if progress is not None and ((step + 1) % 50 == 0 or step == budget.steps - 1):
             progress(step + 1, float(loss.detach().mean()))
     return RowRun(accuracy(ensemble, test), (recent / tail).tolist(), time.time() - started)

@@ -54,10 +54,13 @@ class RotaryEmbedding(nn.Module):
 
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
+        """cfg: a ``ModelConfig``, or any object with its d_model, n_head, head_dim and attention (the probe model,
+        ``fpa_lightning.probes.model``, uses heads narrower than its residual stream: n_head·head_dim < d_model)."""
         super().__init__()
         self.n_head, self.head_dim = cfg.n_head, cfg.head_dim
-        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
-        self.out = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        inner = cfg.n_head * cfg.head_dim  # = d_model in a ModelConfig; narrower heads in a probe model
+        self.qkv = nn.Linear(cfg.d_model, 3 * inner, bias=False)
+        self.out = nn.Linear(inner, cfg.d_model, bias=False)
         self.rope = RotaryEmbedding(cfg.head_dim, cfg.attention.rope_theta) if cfg.attention.positional == "rope" else None
         # a layer excluded by bias_layers runs plain softmax with the configured positional encoding
         backend_cls = backend_entry(cfg.attention.backend).cls if cfg.attention.layer_has_bias(layer) else AttentionBackend

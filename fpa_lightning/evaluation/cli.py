@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--task", choices=sorted(TASKS), help="which evaluation to run")
     p.add_argument("--export", choices=("hf",), help="instead of a task: write the checkpoint as safetensors + "
                    "config.json + model card (README.md) + tokenizer.json into --out")
-    p.add_argument("--ckpt", required=True, help="Lightning checkpoint of model A")
+    p.add_argument("--ckpt", help="Lightning checkpoint of model A (every task but probes, which trains its models)")
     p.add_argument("--compare", metavar="CKPT_B", help="checkpoint of model B: same items, paired differences A − B")
     p.add_argument("--data", help="local data: folder (PG-19 / SlimPajama layout), file or glob of "
                    ".jsonl/.jsonl.gz/.jsonl.zst/.parquet with a 'text' field (default: the offline corpus's test split)")
@@ -103,6 +103,10 @@ def check_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Non
         parser.error("--thresholds must be numbers (use -inf for no pruning)")
     if not 0 < args.confidence < 1:
         parser.error(f"--confidence must be in (0, 1), got {args.confidence}")
+    if TASKS[args.task].needs_checkpoint and args.ckpt is None:
+        parser.error(f"--task {args.task} needs --ckpt")
+    if not TASKS[args.task].needs_checkpoint and (args.ckpt or args.compare):
+        parser.error(f"--task {args.task} trains its own models; --ckpt and --compare do not apply")
     needed = TASKS[args.task].impl
     if needed is not None and args.impl not in (None, needed):
         parser.error(f"--task {args.task} runs the {needed} attention path; --impl must be {needed} (or left out)")
@@ -139,6 +143,8 @@ def tokenizer_source(args: argparse.Namespace, models: list[LoadedModel]) -> str
 def load_data(args: argparse.Namespace, models: list[LoadedModel],
               data_factory: Callable[[str | None, str | None], EvalData]) -> EvalData:
     """The task's data with the checkpoint's tokenizer, which is loaded now so that a missing file fails early."""
+    if args.task is not None and not TASKS[args.task].needs_checkpoint:  # a task that trains its own models (probes) reads no text
+        return data_factory(args.data, None)
     source = tokenizer_source(args, models)
     data = data_factory(args.data, source)
     try:
@@ -158,6 +164,8 @@ def announce_setup(args: argparse.Namespace, models: list[LoadedModel], data: Ev
         note = f"; {m.impl_note}" if m.impl_note else ""
         print(f"{'AB'[i]}: {m.path} ({m.backend}, {m.decoder.num_parameters() / 1e6:.1f}M parameters, step "
               f"{m.global_step}): attention {', '.join(impls)} on {device}{note}", file=sys.stderr)
+    if not TASKS[args.task].needs_checkpoint:
+        return
     described = data.describe()
     print(f"tokenizer: {described['tokenizer']}", file=sys.stderr)
     if "data" in TASKS[args.task].options:
@@ -207,6 +215,8 @@ def main(argv: list[str] | None, data_factory: Callable[[str | None, str | None]
     except (CheckpointError, ValueError, RuntimeError) as err:
         parser.error(str(err))
     runtime = Runtime(device, args.precision, args.seed, args.n_boot, args.confidence)
+    stem = os.path.splitext(os.path.basename(args.ckpt))[0] if args.ckpt else None
+    args.out = args.out or os.path.join("eval_results", f"{args.task}-{stem}" if stem else args.task)
     announce_setup(args, models, data, device)
     started = time.time()
     try:
@@ -214,18 +224,17 @@ def main(argv: list[str] | None, data_factory: Callable[[str | None, str | None]
     except (ValueError, FileNotFoundError, ConnectionError) as err:  # data / length problems, stated by the task
         parser.exit(2, f"{parser.prog}: error: --task {args.task}: {err}\n")
     header = {
-        "checkpoint": models[0].describe(device),
+        "checkpoint": models[0].describe(device) if models else None,
         "compare": models[1].describe(device) if len(models) == 2 else None,
         "data": data.describe() if "data" in task.options else None,
-        "tokenizer": data.describe()["tokenizer"],
+        "tokenizer": data.describe()["tokenizer"] if task.needs_checkpoint else None,
         "settings": settings(args),
         "device": str(device),
         "seconds": round(time.time() - started, 2),
         "command": " ".join(["eval.py", *(sys.argv[1:] if argv is None else argv)]),
     }
-    stem = os.path.splitext(os.path.basename(args.ckpt))[0]
-    out_dir = args.out or os.path.join("eval_results", f"{args.task}-{stem}")
-    path = write_outputs(out_dir, args.task, header, output, args.tensorboard, models[0].global_step or 0)
+    step = (models[0].global_step or 0) if models else 0
+    path = write_outputs(args.out, args.task, header, output, args.tensorboard, step)
     print(output.table) if output.table is not None else print_summary(output.scalars)
     print(f"{args.task}: wrote {path}")
     return path

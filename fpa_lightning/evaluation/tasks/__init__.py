@@ -3,8 +3,8 @@
 A task module defines ``TASK`` (a ``Task``: description, the options it reads, its runner) and the function that
 does the work on loaded checkpoints. A new task is a new module plus one line here (docs in README, "Evaluation").
 """
-from fpa_lightning.evaluation.tasks import (babilong, cache_prune, generate, lm_eval, passkey, pg19_long, ruler,
-                                            test_loss)
+from fpa_lightning.evaluation.tasks import (babilong, cache_prune, generate, lm_eval, passkey, pg19_long, probes,
+                                            ruler, test_loss)
 from fpa_lightning.evaluation.tasks.common import Task, TaskOutput
 
 TASKS: dict[str, Task] = {
@@ -16,6 +16,7 @@ TASKS: dict[str, Task] = {
     "ruler": ruler.TASK,
     "babilong": babilong.TASK,
     "lm_eval": lm_eval.TASK,
+    "probes": probes.TASK,
 }
 
 __all__ = ["TASKS", "Task", "TaskOutput"]

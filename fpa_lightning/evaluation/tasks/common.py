@@ -46,6 +46,8 @@ class Task:
     """The attention implementation the task needs (None: the checkpoint's own, or --impl)."""
     add_arguments: Callable[[argparse._ArgumentGroup], None] | None = None
     """Adds the options only this task reads (each with default None, so that misuse can be detected)."""
+    needs_checkpoint: bool = True
+    """False for a task that trains its own models (probes): then --ckpt and --compare do not apply."""
 
 
 def label(model: LoadedModel, index: int) -> str:

@@ -1,0 +1,132 @@
+"""probes: the paper's synthetic probe table, trained from scratch (no checkpoint), 15 seeds per row, sign tests.
+
+``python eval.py --task probes [--probes NAME ...] [--backends NAME ...] [--seeds 15] [--steps N] --out DIR``
+writes ``probes.json`` (rows and comparisons), ``probes.md`` (the table beside the paper's) and ``probes.png``.
+Rows already in DIR/probes.json (or in files given to --merge) with the same settings are reused, so the table
+can be filled in over several runs. Definitions and results: docs/probes.md.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+from dataclasses import asdict
+
+import torch
+
+from fpa_lightning.evaluation.checkpoint import LoadedModel
+from fpa_lightning.evaluation.data import EvalData
+from fpa_lightning.evaluation.scoring import Runtime
+from fpa_lightning.evaluation.tasks.common import Task, TaskOutput
+from fpa_lightning.probes import PROBES
+from fpa_lightning.probes.model import VARIANTS
+from fpa_lightning.probes.report import comparison_table, markdown_table, plot_table
+from fpa_lightning.probes.runner import PARTIAL, comparisons, load_rows, run_rows
+from fpa_lightning.probes.table import GROUPS, select
+from fpa_lightning.probes.train import Budget
+
+DEFAULT_SEEDS = 15
+
+
+def listing() -> str:
+    """Every probe with its parameters, every backend, and every group of the table."""
+    lines = ["probes (name(parameters): summary):"]
+    lines += [f"  {cls().key}: {cls.summary}" for cls in PROBES.values()]
+    lines += ["backends:"] + [f"  {name:15s} {v.description}" for name, v in VARIANTS.items()]
+    lines += ["table groups (probe · model · backends · default steps):"]
+    lines += [f"  {g.label}: {g.probe.key} · {g.shape.describe()} · {', '.join(g.backends)} · {g.steps}"
+              for g in GROUPS]
+    return "\n".join(lines)
+
+
+class _ListAction(argparse.Action):
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=None, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(listing())
+        parser.exit()
+
+
+def add_arguments(group: argparse._ArgumentGroup) -> None:
+    group.add_argument("--probes", nargs="+", metavar="NAME", help="probes: only these probes, by name (ladder) or "
+                       "key (ladder(r=10)) (default: the whole table; --list shows them)")
+    group.add_argument("--backends", nargs="+", metavar="NAME", help="probes: only these backends (default: each "
+                       "group's own)")
+    group.add_argument("--seeds", type=int, help=f"probes: seeds per row, --seed .. --seed + N − 1 (default "
+                       f"{DEFAULT_SEEDS})")
+    group.add_argument("--steps", type=int, help="probes: training steps per row (default: each group's own)")
+    group.add_argument("--train-batch", type=int, help=f"probes: sequences per step and seed (default "
+                       f"{Budget.batch})")
+    group.add_argument("--lr", type=float, help=f"probes: peak learning rate (default {Budget.lr})")
+    group.add_argument("--weight-decay", type=float, help="probes: AdamW decay of every parameter but the backend's "
+                       "gate maps (default 0)")
+    group.add_argument("--workers", type=int, help="probes: rows trained at once in separate processes (default 1; "
+                       "on a GPU several workers share it)")
+    group.add_argument("--merge", nargs="+", metavar="JSON", help="probes: reuse rows from these probes.json files "
+                       "(or folders) and include them in the table")
+    group.add_argument("--list", action=_ListAction, help="probes: list probes, backends and table groups, then exit")
+
+
+def check(args: argparse.Namespace, models: list[LoadedModel]) -> None:
+    for option in ("seeds", "steps", "train_batch", "workers"):
+        value = getattr(args, option)
+        if value is not None and value < 1:
+            raise ValueError(f"--{option.replace('_', '-')} must be a positive integer, got {value}")
+    if args.lr is not None and not args.lr > 0:
+        raise ValueError(f"--lr must be positive, got {args.lr}")
+    if args.weight_decay is not None and args.weight_decay < 0:
+        raise ValueError(f"--weight-decay must be non-negative, got {args.weight_decay}")
+    select(args.probes, args.backends)  # raises for unknown names or an empty selection
+
+
+def machine(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)} (torch {torch.__version__})"
+    return f"CPU: {platform.processor() or platform.machine()}, {os.cpu_count()} cores (torch {torch.__version__})"
+
+
+def run(args: argparse.Namespace, models: list[LoadedModel], runtime: Runtime, data: EvalData) -> TaskOutput:
+    plan = select(args.probes, args.backends)
+    seeds = list(range(runtime.seed, runtime.seed + (args.seeds or DEFAULT_SEEDS)))
+    budget = Budget(batch=args.train_batch or Budget.batch, lr=args.lr or Budget.lr,
+                    weight_decay=args.weight_decay or Budget.weight_decay)
+    earlier = load_rows([args.out, *(args.merge or [])])
+    os.makedirs(args.out, exist_ok=True)
+    partial = os.path.join(args.out, PARTIAL)
+    rows = run_rows(plan, seeds, budget, args.steps, str(runtime.device), earlier, workers=args.workers or 1,
+                    partial=partial)
+    rows = _with_other_rows(rows, earlier)
+    if os.path.exists(partial):
+        os.remove(partial)  # probes.json, written next, holds every row
+    comps = comparisons(rows)
+    table = markdown_table(rows, comps) + "\n" + comparison_table(comps)
+    with open(os.path.join(args.out, "probes.md"), "w", encoding="utf-8") as f:
+        f.write(table)
+    print(table)
+    results = {"rows": rows, "comparisons": comps, "seeds": seeds, "budget": asdict(budget),
+               "machine": machine(runtime.device)}
+    scalars = {f"probes/{r['group']}/{r['backend']}": r["successes"] / len(r["seeds"]) for r in rows}
+    return TaskOutput(results, {"probes": plot_table(rows)}, scalars)
+
+
+def _with_other_rows(rows: list[dict], earlier: list[dict]) -> list[dict]:
+    """This run's rows plus every earlier row it did not redo (first copy of each), in the table's group order."""
+    keys = {_key(r) for r in rows}
+    merged = list(rows)
+    for r in earlier:
+        if _key(r) not in keys:
+            keys.add(_key(r))
+            merged.append(r)
+    order = {g.label: i for i, g in enumerate(GROUPS)}
+    return sorted(merged, key=lambda r: order.get(r["group"], len(order)))
+
+
+def _key(row: dict) -> str:
+    return repr(sorted((k, repr(v)) for k, v in row.items() if k in ("group", "backend", "seeds", "budget")))
+
+
+TASK = Task("the paper's synthetic probe table: trains probe models from scratch (no --ckpt), sign tests",
+            frozenset({"probes", "backends", "seeds", "steps", "train_batch", "lr", "weight_decay", "workers", "merge",
+                       "list"}),
+            run, check=check, add_arguments=add_arguments, needs_checkpoint=False)

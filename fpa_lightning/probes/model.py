@@ -1,0 +1,163 @@
+"""The probe model, its backend variants, and the seed ensemble that trains many seeds as one batched model.
+
+The model is deliberately of bounded capacity (docs/probes.md, "The probe model"): token embedding → L layers of the
+project's own ``CausalSelfAttention`` (H heads whose q, k and v all have width d; the backend from the registry) with
+residual connections → a linear readout of the attention outputs (plus the token embedding only where a probe says
+so). No MLP and no normalisation: whatever the probe needs must be done by attention and its bias.
+"""
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+from torch.func import functional_call, stack_module_state, vmap
+
+from fpa_lightning.attention import AttentionBackend, CausalSelfAttention
+from fpa_lightning.config import AttentionConfig
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One row label of the table: a backend of the registry with the options that make it what the row says."""
+
+    backend: str
+    options: dict = field(default_factory=dict)
+    description: str = ""
+    no_first_layer_bias: bool = False
+    """FPA "without layer-1 bias": layer 0 is plain softmax, the others carry the bias (multi-layer rows only)."""
+
+    def attention(self, layers: int, dcp_dim: int) -> AttentionConfig:
+        """The ``AttentionConfig`` of this variant for a model of `layers` layers. Probes run the naive
+        implementation: sequences are short, and it is the readable definition every fast path is tested against."""
+        options = dict(self.options)
+        if self.no_first_layer_bias:
+            if layers < 2:
+                raise ValueError("a variant without layer-1 bias needs at least 2 layers")
+            options["bias_layers"] = list(range(1, layers))
+        if self.backend == "dcp":
+            options.setdefault("dcp_dim", dcp_dim)
+        return AttentionConfig(backend=self.backend, impl="naive", **options)
+
+
+VARIANTS: dict[str, Variant] = {
+    "fpa": Variant("fpa", {}, "FPA, general form (φ = W + g, ψ = W + h), path minimum, key level"),
+    "fpa_stack": Variant("fpa", {"fpa_form": "stack"}, "FPA, stack form (g = h = 0)"),
+    "fpa_dipsum": Variant("fpa", {"fpa_reduction": "dipsum"}, "FPA ablation: sum of dips instead of the minimum"),
+    "fpa_nolevel": Variant("fpa", {"fpa_level": "none"}, "FPA ablation: no key level offset (ψ = W)"),
+    "fpa_querylevel": Variant("fpa", {"fpa_level": "query"}, "FPA ablation: the query's level ψ_t instead of ψ_s"),
+    "fpa_nobias1": Variant("fpa", {}, "FPA without a bias in layer 1 (softmax there, no positional encoding)",
+                           no_first_layer_bias=True),
+    "fox": Variant("fox", {}, "FoX: forgetting attention (token-wise forget gate), no positional encoding"),
+    "selective": Variant("selective", {}, "Selective Attention (layer-shared), RoPE"),
+    "dcp": Variant("dcp", {}, "Dynamic Context Pruning (layer-shared, interaction width d), RoPE"),
+    "sdpa": Variant("sdpa", {}, "softmax attention with RoPE"),
+    "nope": Variant("nope", {}, "softmax attention without positional encoding"),
+    "alibi": Variant("alibi", {}, "softmax attention with ALiBi"),
+}
+
+
+def variant(name: str) -> Variant:
+    if name not in VARIANTS:
+        raise ValueError(f"unknown probe backend {name!r}; known: {', '.join(VARIANTS)}")
+    return VARIANTS[name]
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The probe model's size."""
+
+    heads: int = 1
+    """H: attention heads per layer."""
+    head_dim: int = 4
+    """d: the width of each head's q, k and v."""
+    layers: int = 1
+    width: int = 32
+    """The embedding (residual) width; the gates and q/k/v projections read it."""
+
+    def __post_init__(self):
+        for name in ("heads", "head_dim", "layers", "width"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"probe model {name} must be positive, got {getattr(self, name)}")
+
+    def describe(self) -> str:
+        return f"{self.layers} layer(s), H={self.heads}, d={self.head_dim}, width {self.width}"
+
+
+@dataclass(frozen=True)
+class _LayerShape:
+    """What ``CausalSelfAttention`` reads from its config: here the heads are narrower than the residual stream."""
+
+    d_model: int
+    n_head: int
+    head_dim: int
+    attention: AttentionConfig
+
+
+class ProbeModel(nn.Module):
+    """tokens (B, T) -> class logits (B, T, K). See the module docstring."""
+
+    def __init__(self, vocab_size: int, n_classes: int, shape: Shape, attention: AttentionConfig,
+                 reads_token: bool = False):
+        super().__init__()
+        self.reads_token = reads_token
+        layer_shape = _LayerShape(shape.width, shape.heads, shape.head_dim, attention)
+        self.embed = nn.Embedding(vocab_size, shape.width)  # N(0, 1)
+        self.layers = nn.ModuleList(CausalSelfAttention(layer_shape, i) for i in range(shape.layers))
+        self.readout = nn.Linear(shape.width, n_classes)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)  # (B, T, C)
+        read = x if self.reads_token else torch.zeros_like(x)
+        for layer in self.layers:
+            out = layer(x)
+            x = x + out
+            read = read + out
+        return self.readout(read)
+
+
+class SeedEnsemble(nn.Module):
+    """E independently initialised copies of one model, trained as one: parameters are stacked along a leading
+    seed axis and the forward is ``vmap`` over it. Seeds never mix: every op acts per seed, the loss is a sum of
+    per-seed losses and AdamW is elementwise, so each seed trains exactly as it would alone."""
+
+    def __init__(self, make: Callable[[], nn.Module], seeds: list[int]):
+        super().__init__()
+        members = []
+        for seed in seeds:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                members.append(make())
+        stacked, _ = stack_module_state(members)  # {name: (E, ...)}
+        self.names = list(stacked)
+        self.stacked = nn.ParameterList(nn.Parameter(stacked[n].detach().clone()) for n in self.names)
+        # the template's buffers (RoPE frequencies, ALiBi slopes) are the same for every seed and are used as they are
+        self.template = copy.deepcopy(members[0])
+        for p in self.template.parameters():
+            p.requires_grad_(False)
+        self.seeds = list(seeds)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens (E, B, T) -> logits (E, B, T, K)."""
+
+        def one(params, x):
+            return functional_call(self.template, dict(zip(self.names, params)), (x,))
+
+        return vmap(one)(tuple(self.stacked), tokens)
+
+    def decay_groups(self, weight_decay: float) -> list[dict]:
+        """AdamW parameter groups: every parameter decays except those an ``AttentionBackend`` owns (the gate maps
+        under study are not regularised, as in the language-model trainer)."""
+        owned = {id(p) for m in self.template.modules() if isinstance(m, AttentionBackend) for p in m.parameters()}
+        exempt = {n for n, p in self.template.named_parameters() if id(p) in owned}
+        pairs = list(zip(self.names, self.stacked))
+        return [{"params": [p for n, p in pairs if n not in exempt], "weight_decay": weight_decay},
+                {"params": [p for n, p in pairs if n in exempt], "weight_decay": 0.0}]
+
+    def member(self, i: int) -> nn.Module:
+        """Seed i as a standalone model (a copy)."""
+        model = copy.deepcopy(self.template)
+        model.load_state_dict({n: p[i].detach() for n, p in zip(self.names, self.stacked)}, strict=False)
+        return model

@@ -1,0 +1,161 @@
+"""Name probes: bindings of names to values, read back by a query (docs/probes.md).
+
+``find_name``: scoped bindings. A local binding dies when its block closes, a global one never does; the query
+asks for the value of the name's one alive binding (its other bindings are dead). ``var_assign``: re-assignment;
+the query asks for the value of the name's latest assignment.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from fpa_lightning.probes.base import BOS, IGNORE, Probe, ProbeBatch, sample_each
+
+
+@dataclass(frozen=True)
+class _Bindings(Probe):
+    names: int = 4
+    values: int = 4
+
+    family = "names"
+
+    def __post_init__(self):
+        if self.names < 2 or self.values < 2:
+            raise ValueError(f"{self.name}: names and values must be at least 2, got {self.names}, {self.values}")
+
+    def classes(self) -> list[str]:
+        return [f"v{v}" for v in range(self.values)]
+
+    def _binding_names(self, prefix: str) -> list[str]:
+        return [f"{prefix}{chr(97 + name)}={v}" for name in range(self.names) for v in range(self.values)]
+
+    def _query_names(self) -> list[str]:
+        return [f"?{chr(97 + name)}" for name in range(self.names)]
+
+
+@dataclass(frozen=True)
+class FindName(_Bindings):
+    """`length` tokens of a program: "(" opens a block (depth ≤ 2), ")" closes one, L{x}={v} binds x to v for the
+    rest of the enclosing block, G{x}={v} binds x to v for good. Then ?x for a name with exactly one alive binding
+    and at least one dead one. Label: the value of x's alive binding."""
+
+    length: int = 14
+
+    name = "find_name"
+    summary = "scoped bindings (local die when their block closes, global never); the value of the alive one"
+    MAX_DEPTH = 2
+
+    def vocab(self) -> list[str]:
+        return ["<bos>", "(", ")", *self._binding_names("L"), *self._binding_names("G"), *self._query_names()]
+
+    OPEN, CLOSE, FIRST_BINDING = 1, 2, 3
+
+    def binding(self, is_global: bool, name: int, value: int) -> int:
+        return self.FIRST_BINDING + (self.names * self.values if is_global else 0) + name * self.values + value
+
+    def query(self, name: int) -> int:
+        return self.FIRST_BINDING + 2 * self.names * self.values + name
+
+    def _decode(self, t: int) -> tuple[bool, int, int]:
+        """binding token -> (is_global, name, value)"""
+        i = t - self.FIRST_BINDING
+        return i >= self.names * self.values, (i % (self.names * self.values)) // self.values, i % self.values
+
+    def sample(self, n: int, gen) -> ProbeBatch:
+        return sample_each(n, gen, self._one)
+
+    def _one(self, rng: random.Random):
+        tokens, depth = [BOS], 0
+        open_blocks = [[]]  # per open block, the indices of its local bindings
+        bindings, alive = [], []  # (name, value) of every binding, and whether it is still alive
+        for _ in range(self.length):
+            choice = rng.random()
+            if choice < 0.2 and depth < self.MAX_DEPTH:
+                tokens.append(self.OPEN)
+                depth += 1
+                open_blocks.append([])
+            elif choice < 0.4 and depth > 0:
+                tokens.append(self.CLOSE)
+                depth -= 1
+                for i in open_blocks.pop():
+                    alive[i] = False
+            else:
+                is_global, name, value = rng.random() < 0.3, rng.randrange(self.names), rng.randrange(self.values)
+                tokens.append(self.binding(is_global, name, value))
+                bindings.append((name, value))
+                alive.append(True)
+                if not is_global:
+                    open_blocks[-1].append(len(bindings) - 1)
+        candidates = [x for x in range(self.names)
+                      if sum(a for (nm, _), a in zip(bindings, alive) if nm == x) == 1
+                      and any(not a for (nm, _), a in zip(bindings, alive) if nm == x)]
+        if not candidates:
+            return None
+        x = rng.choice(candidates)
+        value = next(v for (nm, v), a in zip(bindings, alive) if nm == x and a)
+        tokens.append(self.query(x))
+        return tokens, [IGNORE] * (len(tokens) - 1) + [value]
+
+    def reference_labels(self, tokens: list[int]) -> list[int]:
+        """Walk form: "(" climbs, ")" steps down; a local binding is alive while the walk never goes below its
+        height; a global one is always alive."""
+        heights, walk = [], 0
+        for t in tokens:
+            walk += 1 if t == self.OPEN else (-1 if t == self.CLOSE else 0)
+            heights.append(walk)
+        x = tokens[-1] - self.query(0)
+        values = [self._decode(t)[2] for pos, t in enumerate(tokens[:-1])
+                  if t >= self.FIRST_BINDING and self._decode(t)[1] == x
+                  and (self._decode(t)[0] or min(heights[pos:]) >= heights[pos])]
+        assert len(values) == 1, "the query must have exactly one alive binding"
+        return [IGNORE] * (len(tokens) - 1) + values
+
+
+@dataclass(frozen=True)
+class VarAssign(_Bindings):
+    """`length` tokens after BOS: the first is an assignment, then each is an assignment {x}={v} (probability 0.7)
+    or a query ?x of a name assigned before. Label at every query: the value of x's latest assignment."""
+
+    values: int = 8
+    length: int = 16
+
+    name = "var_assign"
+    summary = "assignments and re-assignments; at each query, the name's latest value"
+
+    def vocab(self) -> list[str]:
+        return ["<bos>", *self._binding_names(""), *self._query_names()]
+
+    def assignment(self, name: int, value: int) -> int:
+        return 1 + name * self.values + value
+
+    def query(self, name: int) -> int:
+        return 1 + self.names * self.values + name
+
+    def sample(self, n: int, gen) -> ProbeBatch:
+        return sample_each(n, gen, self._one)
+
+    def _one(self, rng: random.Random):
+        tokens, labels, latest = [BOS], [IGNORE], {}
+        for i in range(self.length):
+            if i == 0 or rng.random() < 0.7:
+                name, value = rng.randrange(self.names), rng.randrange(self.values)
+                latest[name] = value
+                tokens.append(self.assignment(name, value))
+                labels.append(IGNORE)
+            else:
+                name = rng.choice(sorted(latest))
+                tokens.append(self.query(name))
+                labels.append(latest[name])
+        return (tokens, labels) if any(y != IGNORE for y in labels) else None
+
+    def reference_labels(self, tokens: list[int]) -> list[int]:
+        labels = []
+        for pos, t in enumerate(tokens):
+            if t >= self.query(0):
+                name = t - self.query(0)
+                last = max(p for p in range(pos) if 1 <= tokens[p] < self.query(0)
+                           and (tokens[p] - 1) // self.values == name)
+                labels.append((tokens[last] - 1) % self.values)
+            else:
+                labels.append(IGNORE)
+        return labels

@@ -1,0 +1,139 @@
+"""Running the table: rows in order (or in worker processes), resumable, mergeable; then statistics and reports.
+
+A finished row is a plain dict (``row_record``). Rows already present in an earlier ``probes.json`` (the output
+folder's own, or files passed to merge) with the same group, backend, seeds, shape and budget are reused, not
+retrained, so a table can be filled in over several runs and machines.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict, replace
+from multiprocessing import get_context
+
+import torch
+
+from fpa_lightning.probes.model import variant
+from fpa_lightning.probes.stats import sign_test, successes
+from fpa_lightning.probes.table import REFERENCE, Group
+from fpa_lightning.probes.train import Budget, train_row
+
+
+def row_identity(group: Group, backend: str, seeds: list[int], budget: Budget) -> dict:
+    """What makes two rows the same experiment."""
+    return {"group": group.label, "probe": group.probe.key, "backend": backend, "seeds": list(seeds),
+            "shape": asdict(group.shape), "budget": asdict(budget), "criterion": group.criterion}
+
+
+def row_record(group: Group, backend: str, seeds: list[int], budget: Budget, device: str, progress=None) -> dict:
+    """Train one row and return its record."""
+    run = train_row(group.probe, variant(backend), group.shape, seeds, budget, torch.device(device), progress)
+    success = successes(run.accuracies, group.criterion)
+    return {**row_identity(group, backend, seeds, budget), "probe_name": group.probe.name,
+            "params": group.probe.params, "variant": variant(backend).description,
+            "accuracies": run.accuracies, "success": success, "successes": sum(success),
+            "final_loss": run.final_loss, "seconds": round(run.seconds, 1), "device": device,
+            "paper": group.paper.get(backend)}
+
+
+PARTIAL = "probes.partial.json"
+"""Rows finished so far by an interrupted run, in its output folder (read back like probes.json)."""
+
+
+def load_rows(paths: list[str]) -> list[dict]:
+    """Rows of earlier runs: probes.json files, or folders holding probes.json and/or probes.partial.json (missing
+    files are skipped)."""
+    rows = []
+    for path in paths:
+        files = [os.path.join(path, "probes.json"), os.path.join(path, PARTIAL)] if os.path.isdir(path) else [path]
+        for file in filter(os.path.exists, files):
+            with open(file, encoding="utf-8") as f:
+                record = json.load(f)
+            rows.extend(record["results"]["rows"] if "results" in record else record["rows"])
+    return rows
+
+
+def _find(rows: list[dict], identity: dict) -> dict | None:
+    return next((r for r in rows if all(r.get(k) == v for k, v in identity.items())), None)
+
+
+def budget_for(group: Group, budget: Budget, steps: int | None) -> Budget:
+    return replace(budget, steps=steps or group.steps)
+
+
+def run_rows(plan: list[tuple[Group, str]], seeds: list[int], budget: Budget, steps: int | None, device: str,
+             earlier: list[dict], workers: int = 1, log=print, partial: str | None = None) -> list[dict]:
+    """Train every planned row not found in `earlier`; returns the records in plan order. With `partial` (a file
+    path), every finished row is saved there at once, so an interrupted run loses nothing."""
+    todo, done = [], {}
+    for i, (group, backend) in enumerate(plan):
+        found = _find(earlier, row_identity(group, backend, seeds, budget_for(group, budget, steps)))
+        if found is not None:
+            done[i] = found
+        else:
+            todo.append(i)
+    log(f"probes: {len(plan)} rows, {len(plan) - len(todo)} reused from earlier results, {len(todo)} to train "
+        f"({len(seeds)} seeds each, on {device}{f', {workers} workers' if workers > 1 else ''})")
+    started = time.time()
+
+    def finished(n: int, i: int, record: dict) -> None:
+        done[i] = record
+        if partial is not None:
+            with open(partial, "w", encoding="utf-8") as f:
+                json.dump({"rows": [done[j] for j in sorted(done)]}, f)
+        elapsed = time.time() - started
+        eta = elapsed / n * (len(todo) - n)
+        log(f"[{n}/{len(todo)}] {record['group']} · {record['backend']}: {record['successes']}/{len(seeds)} seeds "
+            f"succeed, mean accuracy {sum(record['accuracies']) / len(seeds):.3f} ({record['seconds']:.0f} s; "
+            f"elapsed {elapsed / 60:.1f} min, about {eta / 60:.1f} min left)")
+
+    jobs = [(plan[i][0], plan[i][1], seeds, budget_for(plan[i][0], budget, steps), device) for i in todo]
+    if workers > 1:
+        with ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_worker_init,
+                                 initargs=(workers,)) as pool:
+            futures = {pool.submit(_train_job, *job): i for i, job in zip(todo, jobs)}
+            for n, future in enumerate(as_completed(futures), start=1):
+                finished(n, futures[future], future.result())
+    else:
+        for n, (i, job) in enumerate(zip(todo, jobs), start=1):
+            group, backend, _, row_budget, _ = job
+            log(f"[{n}/{len(todo)}] {group.label} · {backend}: training {row_budget.steps} steps "
+                f"({group.probe.key}, {group.shape.describe()})")
+            finished(n, i, row_record(*job, progress=_progress_printer(row_budget.steps, log)))
+    return [done[i] for i in range(len(plan))]
+
+
+def _worker_init(workers: int) -> None:
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+
+
+def _train_job(group, backend, seeds, budget, device) -> dict:
+    return row_record(group, backend, seeds, budget, device)
+
+
+def _progress_printer(steps: int, log):
+    started = time.time()
+    every = max(50, steps // 10 // 50 * 50)  # progress arrives every 50 steps
+
+    def progress(step: int, loss: float) -> None:
+        if step % every == 0 or step == steps:
+            rate = step / max(time.time() - started, 1e-9)
+            log(f"    step {step}/{steps}  loss {loss:.4f}  {rate:.1f} steps/s  ETA {(steps - step) / rate:.0f} s")
+
+    return progress
+
+
+def comparisons(rows: list[dict]) -> list[dict]:
+    """Within each group: FPA against every other backend trained with the same seeds and budget (exact one-sided
+    sign tests on the paired seeds)."""
+    out = []
+    for reference in (r for r in rows if r["backend"] == REFERENCE):
+        for other in rows:
+            same = all(other[k] == reference[k] for k in ("group", "seeds", "budget"))
+            if same and other["backend"] != REFERENCE:
+                test = sign_test(reference["success"], other["success"])
+                out.append({"group": reference["group"], "probe": reference["probe"], "a": REFERENCE,
+                            "b": other["backend"], "budget": reference["budget"], **test.as_dict()})
+    return out

@@ -1,0 +1,66 @@
+"""The probe model and the seed ensemble: each seed of an ensemble computes exactly what the same model computes
+alone (also for the layer-shared backends and a multi-layer model without layer-1 bias), seeds do not depend on
+which other seeds run beside them, and the model is bounded as documented (q, k, v of width d, no MLP)."""
+import pytest
+import torch
+
+from fpa_lightning.probes.ladder import Ladder
+from fpa_lightning.probes.model import SeedEnsemble, Shape, variant
+from fpa_lightning.probes.train import Budget, make_model, per_seed_loss, train_row
+
+PROBE = Ladder(r=6)
+
+
+@pytest.mark.parametrize("backend,shape", [
+    ("fpa", Shape(heads=2, head_dim=4, width=16)),
+    ("selective", Shape(heads=2, head_dim=4, width=16)),
+    ("dcp", Shape(heads=2, head_dim=2, width=16)),
+    ("sdpa", Shape(heads=1, head_dim=4, width=16)),
+    ("fpa_nobias1", Shape(heads=1, head_dim=4, layers=2, width=16)),
+])
+def test_each_seed_computes_what_its_model_computes_alone(backend, shape):
+    ensemble = SeedEnsemble(lambda: make_model(PROBE, variant(backend), shape), seeds=[3, 4, 5])
+    tokens = PROBE.sample(6, torch.Generator().manual_seed(0)).tokens
+    together = ensemble(tokens.expand(3, -1, -1))  # (E, B, T, K)
+    for i in range(3):
+        alone = ensemble.member(i)(tokens)
+        torch.testing.assert_close(together[i], alone, atol=1e-5, rtol=1e-5)
+    # a seed's initialisation does not depend on its company
+    single = SeedEnsemble(lambda: make_model(PROBE, variant(backend), shape), seeds=[4])
+    torch.testing.assert_close(single(tokens[None])[0], together[1], atol=1e-5, rtol=1e-5)
+
+
+def test_gradients_stay_within_their_seed():
+    ensemble = SeedEnsemble(lambda: make_model(PROBE, variant("selective"), Shape(heads=2, head_dim=4, width=8)),
+                            seeds=[0, 1])
+    batch = PROBE.sample(4, torch.Generator().manual_seed(0))
+    tokens, labels = batch.tokens.expand(2, -1, -1), batch.labels.expand(2, -1, -1)
+    per_seed_loss(ensemble(tokens), labels)[0].backward()  # seed 0's loss only
+    for stacked in ensemble.stacked:
+        assert stacked.grad[1].abs().max() == 0
+
+
+def test_weight_decay_spares_the_backend_gate_maps():
+    ensemble = SeedEnsemble(lambda: make_model(PROBE, variant("fpa"), Shape(width=8)), seeds=[0, 1])
+    decayed, spared = ensemble.decay_groups(0.5)
+    assert decayed["weight_decay"] == 0.5 and spared["weight_decay"] == 0.0
+    spared_names = {n for n, p in zip(ensemble.names, ensemble.stacked) if any(p is q for q in spared["params"])}
+    assert spared_names == {"layers.0.backend.gate.weight", "layers.0.backend.gate.bias", "layers.0.backend.beta_raw"}
+    assert len(decayed["params"]) + len(spared["params"]) == len(ensemble.names)
+
+
+def test_the_model_is_bounded():
+    model = make_model(PROBE, variant("fpa"), Shape(heads=1, head_dim=4, width=32))
+    layer = model.layers[0]
+    assert layer.qkv.weight.shape == (3 * 4, 32) and layer.out.weight.shape == (32, 4)
+    assert not any(isinstance(m, torch.nn.GELU) or "mlp" in name for name, m in model.named_modules())
+    assert layer.backend.cfg.impl == "naive"
+    with pytest.raises(ValueError, match="at least 2 layers"):
+        make_model(PROBE, variant("fpa_nobias1"), Shape())
+
+
+def test_a_row_trains_and_learns_on_cpu():
+    budget = Budget(steps=60, batch=32, lr=3e-2, test=256)
+    run = train_row(Ladder(r=3), variant("sdpa"), Shape(width=16), [0, 1], budget, torch.device("cpu"))
+    assert len(run.accuracies) == 2 and all(0.0 <= a <= 1.0 for a in run.accuracies)
+    assert max(run.final_loss) < 0.69  # below chance (ln 2): it learned something in 60 steps

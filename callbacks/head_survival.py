@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from callbacks.dashboard import (
     WALK_KINDS,
@@ -64,7 +64,16 @@ class HeadSurvivalCallback(Callback):
         self.example_window, self.log_images = example_window, log_images
         self._batch = batch
         self._last_step: int | None = None
+        self._enabled = True
         self.latest: HeadReport | None = None  # the last measurement, for programmatic use
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        # a softmax model (sdpa, or every layer excluded by bias_layers) has nothing to measure: say so once, up
+        # front, rather than fail at the first validation of a run that compares it with FPA under one config
+        self._enabled = any(block.attn.backend.has_bias for block in pl_module.model.blocks)
+        if not self._enabled:
+            rank_zero_warn(f"HeadSurvivalCallback: no attention layer of this model "
+                           f"({pl_module.model.cfg.attention.backend}) has a bias; head statistics are off for this run")
 
     # --- Lightning hooks ----------------------------------------------------------------------------
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
@@ -78,7 +87,7 @@ class HeadSurvivalCallback(Callback):
     # --- work ---------------------------------------------------------------------------------------
     def _measure_and_log(self, trainer: Trainer, pl_module: LightningModule) -> None:
         # once per optimizer step: gradient accumulation repeats the step, validation may land on a measured step
-        if self._last_step == trainer.global_step:
+        if not self._enabled or self._last_step == trainer.global_step:
             return
         self._last_step = trainer.global_step
         with whole_decoder(trainer, pl_module) as model:  # every rank enters: under FSDP it gathers the model

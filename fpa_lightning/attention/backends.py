@@ -28,6 +28,21 @@ from fpa_lightning.ops.selective import (
 )
 
 
+
+def fp32_linear(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """``linear(x)`` in float32 at least, weights included: the gate maps run outside autocast
+    (``AttentionBackend.bias_ingredients``), and FSDP's mixed precision hands the layer bf16 weights."""
+    dtype = torch.promote_types(torch.promote_types(x.dtype, linear.weight.dtype), torch.float32)
+    bias = None if linear.bias is None else linear.bias.to(dtype)
+    return F.linear(x.to(dtype), linear.weight.to(dtype), bias)
+
+
+def _offset_as_vector(state_dict, prefix, *args) -> None:
+    """Checkpoints written when DCP's offset was a 0-dim parameter still load."""
+    key = prefix + "offset"
+    if key in state_dict and state_dict[key].dim() == 0:
+        state_dict[key] = state_dict[key].reshape(1)
+
 class AlibiBackend(AttentionBackend):
     """The positional baseline: softmax with ALiBi (probes report ALiBi as its bias)."""
 
@@ -83,7 +98,7 @@ class FoxBackend(AttentionBackend):
         _alibi_like_init(self.gate.bias, n_head, lambda m: -torch.log(torch.expm1(m)))
 
     def ingredients(self, x, q, k, segment_ids=None):
-        log_gate = F.logsigmoid(self.gate(at_least_fp32(x)))  # (B, T, H), ≤ 0
+        log_gate = F.logsigmoid(fp32_linear(self.gate, x))  # (B, T, H), ≤ 0
         return {"log_gate_cumsum": _running_sum(log_gate, segment_ids)}
 
     def own_bias(self, ingredients):
@@ -138,7 +153,7 @@ class FpaBackend(AttentionBackend):
         """φ, ψ and the walk W of tokens x (B, n, C), each (B, n, H) in float32; the walk continues from
         walk_start (B, H) (decoding) or starts at 0, and restarts at every document of segment_ids (B, n)
         (document masking)."""
-        maps = self.gate(at_least_fp32(x)).unflatten(-1, (self.n_maps, self.n_head))  # (B, n, maps, H)
+        maps = fp32_linear(self.gate, x).unflatten(-1, (self.n_maps, self.n_head))  # (B, n, maps, H)
         walk = _running_sum(maps[:, :, 0], segment_ids)  # W_t = Σ_{u≤t} δ_u, (B, n, H), float32
         if walk_start is not None:
             walk = walk + walk_start[:, None]
@@ -269,11 +284,12 @@ class DcpBackend(AttentionBackend):
         super().__init__(cfg, d_model, n_head, head_dim)
         self.interaction = nn.Linear(d_model, 2 * cfg.dcp_dim, bias=False)
         nn.init.normal_(self.interaction.weight, std=0.02)
-        self.offset = nn.Parameter(torch.tensor(0.9))
+        self.offset = nn.Parameter(torch.tensor([0.9]))  # (1,): FSDP shards no 0-dim parameter
+        self._register_load_state_dict_pre_hook(_offset_as_vector)
 
     def ingredients(self, x, q, k, segment_ids=None):  # a pair's product runs between its query and key: no restart
-        qi, ki = self.interaction(at_least_fp32(x)).chunk(2, dim=-1)  # (B, T, r) each
-        return {"qi": qi, "ki": ki, "offset": at_least_fp32(self.offset)}
+        qi, ki = fp32_linear(self.interaction, x).chunk(2, dim=-1)  # (B, T, r) each
+        return {"qi": qi, "ki": ki, "offset": at_least_fp32(self.offset[0])}
 
     def own_bias(self, ingredients):
         return dcp_bias(ingredients["qi"], ingredients["ki"], ingredients["offset"])

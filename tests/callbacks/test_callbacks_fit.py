@@ -54,15 +54,15 @@ class TinyData(L.LightningDataModule):
         yield from (d[:max_tokens] for d in documents() if len(d) >= min_tokens)
 
 
-def tiny_model() -> LanguageModel:
+def tiny_model(backend: str = "fpa") -> LanguageModel:
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=VOCAB, n_layer=2, d_model=32, n_head=2, d_mlp=64, max_seq_len=CONTEXT,
-                      attention=AttentionConfig(backend="fpa", bias_layers=[1]))  # layer 0 has no bias
+                      attention=AttentionConfig(backend=backend, bias_layers=[1]))  # layer 0 has no bias
     return LanguageModel(cfg, OptimConfig(lr=3e-3, warmup_steps=1))
 
 
-def fit(tmp_path, callbacks, **fit_kwargs) -> tuple[LanguageModel, TensorBoardLogger]:
-    model = tiny_model()
+def fit(tmp_path, callbacks, backend: str = "fpa", **fit_kwargs) -> tuple[LanguageModel, TensorBoardLogger]:
+    model = tiny_model(backend)
     logger = TensorBoardLogger(tmp_path, name="run")
     trainer = L.Trainer(max_steps=4, val_check_interval=2, limit_val_batches=1, logger=logger, callbacks=callbacks,
                         accelerator="cpu", enable_checkpointing=False, enable_progress_bar=False,
@@ -144,6 +144,15 @@ def test_explicit_batch_and_documents_without_a_datamodule(tmp_path):
     assert "heads/summary/median_alive_fraction" in scalars
     assert {f"long_context/loss/pos_{s:02d}" for s in (0, 16, 32, 48)} <= scalars  # window 64, buckets of 16
     assert acc.Tags()["images"] == []
+
+
+def test_a_softmax_model_trains_with_the_head_callback_which_says_it_is_off(tmp_path):
+    # one config for every backend: sdpa has no bias to measure; the run must not fail at its first validation
+    heads = HeadSurvivalCallback(every_n_steps=2)
+    with pytest.warns(UserWarning, match="no attention layer of this model \\(sdpa\\) has a bias"):
+        _, logger = fit(tmp_path, [heads], backend="sdpa", datamodule=TinyData())
+    assert heads.latest is None
+    assert not any(tag.startswith("heads/") for tag in read_events(logger).Tags()["scalars"])
 
 
 @pytest.mark.parametrize("callback, message", [

@@ -23,6 +23,9 @@ VARIANTS = {
     "fpa-no-layer0-bias": {"bias_layers": [1]}, "fox": {}, "sdpa": {}, "selective": {}, "dcp": {},
 }
 DOCUMENT_MASKED = ["fpa", "fox", "sdpa", "selective", "dcp"]
+# Errors are joined over three batches: one batch gives one noisy sample per tensor (on the H200, one batch put
+# fpa-level-none's small parameters at 2.6x the chunked path's error, every other variant at or below 1.5x).
+BATCH_SEEDS = (1, 2, 3)
 
 
 def build(variant: str, impl: str, document_mask: bool) -> Decoder:
@@ -60,8 +63,8 @@ def norm_error_ratios(fast, same, ref) -> dict[str, tuple[float, float]]:
             for n, r in ref.items()}
 
 
-def batch(document_mask: bool):
-    g = torch.Generator().manual_seed(1)
+def batch(document_mask: bool, seed: int = 1):
+    g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, VOCAB, (B, T + 1), generator=g).cuda()
     if not document_mask:
         return ids, None
@@ -74,21 +77,26 @@ def batch(document_mask: bool):
 @pytest.mark.parametrize("variant, document_mask",
                          [(v, False) for v in VARIANTS] + [(v, True) for v in DOCUMENT_MASKED])
 def test_fused_model_error_within_twice_the_chunked_bf16_error(variant, document_mask):
-    ids, segment_ids = batch(document_mask)
     chunked, fused = build(variant, "chunked", document_mask), build(variant, "fused", document_mask)
     fused.load_state_dict(chunked.state_dict())
     assert {impl.split(":")[1] for impl in fused.attention_impls("cuda")} <= {"fused"}
-    ref_losses, ref = loss_and_grads(chunked, ids, segment_ids, bf16=False)
-    same_losses, same = loss_and_grads(chunked, ids, segment_ids, bf16=True)
-    fast_losses, fast = loss_and_grads(fused, ids, segment_ids, bf16=True)
-    assert fast.keys() == ref.keys()
-    assert all(torch.isfinite(g).all() for g in fast.values())
-    checks = norm_error_ratios({"token losses": fast_losses, **pooled(fast)},
-                               {"token losses": same_losses, **pooled(same)},
-                               {"token losses": ref_losses, **pooled(ref)})
+    runs = {"ref": [], "same": [], "fast": []}  # per batch: {"token losses": ..., parameter or pool: gradient}
+    for seed in BATCH_SEEDS:
+        ids, segment_ids = batch(document_mask, seed)
+        for kind, model, bf16 in (("ref", chunked, False), ("same", chunked, True), ("fast", fused, True)):
+            losses, grads = loss_and_grads(model, ids, segment_ids, bf16)
+            assert all(torch.isfinite(g).all() for g in grads.values()), kind
+            runs[kind].append({"token losses": losses, **pooled(grads)})
+    assert runs["fast"][0].keys() == runs["ref"][0].keys()
+    # one error per name over all batches: the errors of the three batches joined into one vector
+    ref, same, fast = ({n: torch.cat([r[n].flatten() for r in runs[kind]]) for n in runs[kind][0]}
+                       for kind in ("ref", "same", "fast"))
+    checks = norm_error_ratios(fast, same, ref)
     worst = max(checks, key=lambda n: checks[n][0] / checks[n][1])
+    per_batch = [norm_error_ratios(*({worst: r[worst]} for r in (f, s, x)))[worst]
+                 for f, s, x in zip(runs["fast"], runs["same"], runs["ref"])]
     print(f"{variant} document_mask={document_mask}: worst fused error / tolerance {worst}: "
-          f"{checks[worst][0] / checks[worst][1]:.2f}")
+          f"{checks[worst][0] / checks[worst][1]:.2f} (per batch {', '.join(f'{e / t:.2f}' for e, t in per_batch)})")
     over = {n: f"{e:.3e} > {tol:.3e}" for n, (e, tol) in checks.items() if e > tol}
     assert not over, f"{variant}: fused bf16 error above 2x the chunked bf16 error (norm-wise): {over}"
 

@@ -19,7 +19,8 @@ def train_py(runs: pathlib.Path, *args: str, timeout: int = 300) -> None:
                f"--trainer.logger.init_args.save_dir={runs}", "--trainer.enable_progress_bar=false",
                *([f"--data.init_args.tokenizer={tokenizer}"] if tokenizer else []), *args]
     path = os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))  # keep a --target site
-    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
+    # cuBLAS needs a fixed workspace to be deterministic (``--trainer.deterministic=true`` refuses to run without it)
+    env = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8", **os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
     runs.mkdir(parents=True, exist_ok=True)
     done = subprocess.run(command, cwd=runs.parent, env=env, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stderr[-4000:]

@@ -1,7 +1,9 @@
 """FSDP on up to two GPUs (one GPU: the same code paths, a single shard) through ``python train.py fit --trainer.strategy=fsdp`` (FSDP needs CUDA: skipped elsewhere).
 
 - Resume is exact with full and with sharded checkpoints: N straight steps vs N/2 + resume + N/2 end with the same
-  weights (FPA on its fused kernel, bf16-mixed, gradient clipping through FSDP).
+  weights (FPA on its fused kernel, bf16-mixed, gradient clipping through FSDP). Bitwise equality on a GPU needs
+  ``--trainer.deterministic=true``: without it CUDA's embedding backward (among others) adds with atomics, and
+  the last bits of a run are not reproducible.
 - Every other backend trains under FSDP, and the callbacks' probe forwards (head statistics at every validation,
   long-context loss) finish instead of hanging: they gather the model to rank 0.
 """
@@ -22,7 +24,8 @@ def fsdp_fit(runs, *extra: str) -> None:
              DEVICES, "--trainer.strategy=fsdp", "--trainer.precision=bf16-mixed",
              "--model.model.attention.impl=auto", f"--trainer.max_steps={STEPS}", "--trainer.limit_val_batches=0",
              "--trainer.callbacks=[]", "--checkpoint.monitor=null", "--checkpoint.save_top_k=-1",
-             "--checkpoint.filename=step{step}", f"--checkpoint.every_n_train_steps={STEPS // 2}", *extra)
+             "--checkpoint.filename=step{step}", f"--checkpoint.every_n_train_steps={STEPS // 2}",
+             "--trainer.deterministic=true", *extra)
 
 
 @pytest.mark.parametrize("checkpoints", ["full", "sharded"])

@@ -23,9 +23,10 @@ VARIANTS = {
     "fpa-no-layer0-bias": {"bias_layers": [1]}, "fox": {}, "sdpa": {}, "selective": {}, "dcp": {},
 }
 DOCUMENT_MASKED = ["fpa", "fox", "sdpa", "selective", "dcp"]
-# Errors are joined over three batches: one batch gives one noisy sample per tensor (on the H200, one batch put
-# fpa-level-none's small parameters at 2.6x the chunked path's error, every other variant at or below 1.5x).
-BATCH_SEEDS = (1, 2, 3)
+# Errors are joined over eight batches: one batch gives one noisy sample per tensor (on the H200, one batch put
+# fpa-level-none's small parameters at 2.6x the chunked path's error, the next two at 1.1x; three batches put FPA with
+# document masking at 2.1x, eight at about 1.3x for its largest small tensor, the layer-0 gate bias).
+BATCH_SEEDS = tuple(range(1, 9))
 
 
 def build(variant: str, impl: str, document_mask: bool) -> Decoder:
@@ -88,7 +89,7 @@ def test_fused_model_error_within_twice_the_chunked_bf16_error(variant, document
             assert all(torch.isfinite(g).all() for g in grads.values()), kind
             runs[kind].append({"token losses": losses, **pooled(grads)})
     assert runs["fast"][0].keys() == runs["ref"][0].keys()
-    # one error per name over all batches: the errors of the three batches joined into one vector
+    # one error per name over all batches: the errors of every batch joined into one vector
     ref, same, fast = ({n: torch.cat([r[n].flatten() for r in runs[kind]]) for n in runs[kind][0]}
                        for kind in ("ref", "same", "fast"))
     checks = norm_error_ratios(fast, same, ref)

@@ -30,7 +30,7 @@ def fsdp_fit(runs, *extra: str) -> None:
 
 @pytest.mark.xfail(strict=True, reason="open defect, measured on one H200 (2026-12-01): after 3 steps + resume + 3 steps "
                    "the weights differ from 6 straight steps by about one step's update (4e-4 in the embedding), with "
-                   "full and with sharded checkpoints, deterministic or not; DDP resume is exact "
+                   "full and with sharded checkpoints under --trainer.deterministic=true; DDP resume is exact "
                    "(test_ddp_resume.py). strict: a fix shows up as XPASS")
 @pytest.mark.parametrize("checkpoints", ["full", "sharded"])
 def test_fsdp_resume_is_exact(tmp_path, checkpoints):

@@ -10,10 +10,11 @@ The score_mod indexes two tensors, `c` for the query side and `c.clone()` for th
 one grad-requiring tensor twice does not compile for training (docs/kernel.md, "FlexAttention").
 
 Lengths: the inputs are padded at the end to the next power of two, at least ``MIN_LENGTH`` (padded keys lie after
-every real query, so causality hides them; padded rows are cut off), and the function is compiled with dynamic
-shapes. Prompts of many lengths (pass-key retrieval, long-document evaluation) then reuse one compiled graph where
-dynamic shapes hold, and at worst one per power of two (8 cover 128 to 16,384 tokens) instead of one per length
-until torch._dynamo's recompile limit is hit. Training lengths (2048) are powers of two already: no padding.
+every real query, so causality hides them; padded rows are cut off), and the function is compiled for
+static shapes: one graph per (batch, padded length), so prompts of many lengths (pass-key retrieval, long-document
+evaluation) need at most one per power of two (8 cover 128 to 16,384 tokens), and the recompile limit is raised to
+``MAX_GRAPHS`` around the call. Static, not dynamic: compiled with dynamic shapes the same kernel took 10.9 ms
+forward+backward at 8×2048 (H=12, D=64, H200) against 1.86 ms static. Training lengths are powers of two already.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 MIN_LENGTH = 128  # FlexAttention's block size: whole blocks only, so no length hits a partial-block variant
+MAX_GRAPHS = 64  # compiled (batch, padded length) shapes before torch._dynamo gives up on recompiling
 
 
 def padded_length(T: int) -> int:
@@ -41,7 +43,7 @@ def _compiled():
 
         return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
 
-    return torch.compile(core, dynamic=True)
+    return torch.compile(core, dynamic=False)
 
 
 @functools.lru_cache(maxsize=32)
@@ -92,5 +94,6 @@ def fox_flex_attention(q, k, v, log_gate_cumsum, *, scale=None, segment_ids=None
         block_mask = _causal_block_mask(T + pad, str(q.device))
     else:  # padded positions form a document of their own (id −1): a padded row still sees its own key
         block_mask = _document_block_mask(F.pad(segment_ids, (0, pad), value=-1))
-    out = _compiled()(*heads_first, cq, ck, block_mask, scale)
+    with torch._dynamo.config.patch(recompile_limit=MAX_GRAPHS):
+        out = _compiled()(*heads_first, cq, ck, block_mask, scale)
     return out.transpose(1, 2)[:, :T]

@@ -2,7 +2,7 @@
 
 ``ladder``: read at the dip itself, do most of the keys that survive it carry colour 1? The answer needs the whole
 alive set as the attention pattern (a uniform average over exactly the surviving keys), which is the object of the
-theory (docs/probes.md, "Why the ladder asks about the whole alive set").
+theory (docs/probes.md, `ladder(r)`, "Why this question"; and "Where we differ from the paper").
 ``dip_duration``: how many levels below the one marked key did the dip go (0 = alive, 1, 2, 3 or more)? The dip's
 deepest step lasts 1 or 2 steps (``variable``) or always 1 (``fixed``): a path minimum ignores the duration, a sum
 of dips (Selective Attention, FPA's dip-sum ablation) counts every step.

@@ -70,7 +70,7 @@ class HeadSurvivalCallback(Callback):
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         # a softmax model (sdpa, or every layer excluded by bias_layers) has nothing to measure: say so once, up
         # front, rather than fail at the first validation of a run that compares it with FPA under one config
-        self._enabled = any(block.attn.backend.has_bias for block in pl_module.model.blocks)
+        self._enabled = pl_module.model.has_bias()
         if not self._enabled:
             rank_zero_warn(f"HeadSurvivalCallback: no attention layer of this model "
                            f"({pl_module.model.cfg.attention.backend}) has a bias; head statistics are off for this run")

@@ -163,5 +163,9 @@ class Decoder(nn.Module):
             for backend in backends:
                 backend.bias_hook = None
 
+    def has_bias(self) -> bool:
+        """True when some attention layer has a bias of its own (False: plain softmax in every layer)."""
+        return any(block.attn.backend.has_bias for block in self.blocks)
+
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

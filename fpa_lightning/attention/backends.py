@@ -28,7 +28,6 @@ from fpa_lightning.ops.selective import (
 )
 
 
-
 def fp32_linear(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """``linear(x)`` in float32 at least, weights included: the gate maps run outside autocast
     (``AttentionBackend.bias_ingredients``), and FSDP's mixed precision hands the layer bf16 weights."""
@@ -42,6 +41,7 @@ def _offset_as_vector(state_dict, prefix, *args) -> None:
     key = prefix + "offset"
     if key in state_dict and state_dict[key].dim() == 0:
         state_dict[key] = state_dict[key].reshape(1)
+
 
 class AlibiBackend(AttentionBackend):
     """The positional baseline: softmax with ALiBi (probes report ALiBi as its bias)."""

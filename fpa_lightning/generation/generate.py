@@ -61,7 +61,7 @@ def threshold_rule(decoder: Decoder, prune_threshold: float | None) -> PruneRule
     if prune_threshold > 0:
         raise ValueError(f"prune_threshold must be <= 0: every bias is <= 0, so {prune_threshold} would drop every key "
                          "but the newest")
-    if not any(block.attn.backend.has_bias for block in decoder.blocks):
+    if not decoder.has_bias():
         raise ValueError("prune_threshold needs an attention bias (fpa, fox, alibi, selective, dcp); this model has "
                          "none, so no key would ever be dropped. For softmax the comparison is a sliding window: "
                          "DecodeSession(decoder, rule=PruneRule(window=...))")

@@ -41,7 +41,7 @@ def check(args: argparse.Namespace, models: list[LoadedModel]) -> None:
 
 
 def has_bias(model: LoadedModel) -> bool:
-    return any(block.attn.backend.has_bias for block in model.decoder.blocks)
+    return model.decoder.has_bias()
 
 
 def _doc_losses(model: LoadedModel, docs: list, runtime: Runtime, bar: Progress, index: int) -> np.ndarray:

@@ -42,8 +42,7 @@ def pruning_rules(models: list[LoadedModel], threshold: float | None, window: in
         raise ValueError(f"--prune-threshold must be <= 0, got {threshold}")
     rules = []
     for m in models:
-        with_bias = any(block.attn.backend.has_bias for block in m.decoder.blocks)
-        if with_bias and threshold is not None:
+        if m.decoder.has_bias() and threshold is not None:
             rules.append(PruneRule(threshold=threshold))
         elif window is not None:
             rules.append(PruneRule(window=window))

@@ -34,6 +34,7 @@ class StepTimer(L.Callback):
     def __init__(self, warmup: int, profile_steps: int = 0):
         self.warmup, self.start, self.end, self.timed_steps = warmup, None, None, 0
         self.profile_steps, self.profiler, self.kernel_ms = profile_steps, None, {}
+        self.top_kernels: dict[str, list[tuple[str, float]]] = {}  # group -> its 3 costliest kernels (name, ms/step)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         step = trainer.global_step
@@ -55,17 +56,21 @@ class StepTimer(L.Callback):
             return
         torch.cuda.synchronize()
         self.profiler.__exit__(None, None, None)
+        members: dict[str, list[tuple[str, float]]] = {}
         for event in self.profiler.key_averages():
-            group = kernel_group(event.key)
-            self.kernel_ms[group] = self.kernel_ms.get(group, 0.0) + event.device_time_total / 1e3 / self.profile_steps
+            group, ms = kernel_group(event.key), event.device_time_total / 1e3 / self.profile_steps
+            self.kernel_ms[group] = self.kernel_ms.get(group, 0.0) + ms
+            members.setdefault(group, []).append((event.key[:90], round(ms, 2)))
+        # printed beside the groups, so that a kernel the name rules put in the wrong group shows
+        self.top_kernels = {g: sorted(k, key=lambda item: -item[1])[:3] for g, k in sorted(members.items())}
 
 
 def kernel_group(name: str) -> str:
     """Coarse groups of CUDA kernels for the per-step profile: attention forward / backward, matmuls, the rest."""
     low = name.lower()
-    if "_fpa_" in low or "flash" in low or "fmha" in low or "attention" in low or "flex" in low:
-        return "attention (" + ("backward" if "bwd" in low or "backward" in low or "_dq" in low or "dkdv" in low
-                                or "field" in low or "dipsum" in low or "dphi" in low else "forward") + ")"
+    if any(word in low for word in ("_fpa_", "flash", "fmha", "attention", "flex", "sdpa", "attn")):
+        backward = ("bwd", "backward", "bprop", "_dq", "dkdv", "field", "dipsum", "dphi")
+        return "attention (" + ("backward" if any(word in low for word in backward) else "forward") + ")"
     if "gemm" in low or "matmul" in low or "sm90_xmma" in low or "cutlass" in low or "nvjet" in low:
         return "matmuls"
     return "other"
@@ -101,6 +106,7 @@ def measure(backend: str, variant: str, args) -> dict:
         "final_train_loss": float(trainer.callback_metrics.get("train/loss", float("nan"))),
         "peak_mem_GiB": torch.cuda.max_memory_allocated() / 2**30,
         "cuda_ms_per_step": {k: round(v, 2) for k, v in sorted(timer.kernel_ms.items())},
+        "top_kernels": timer.top_kernels,
     }
 
 
@@ -144,6 +150,8 @@ def main() -> None:
         for r in results:
             groups = ", ".join(f"{k} {v:.1f}" for k, v in r["cuda_ms_per_step"].items())
             print(f"  {r['backend']} {r['variant']}: {groups}")
+            for group, kernels in r["top_kernels"].items():
+                print(f"    {group}: " + "; ".join(f"{name} {ms:.2f}" for name, ms in kernels))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"results": results, "args": vars(args)}, f, indent=1)

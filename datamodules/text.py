@@ -213,7 +213,7 @@ class TextDataModule(L.LightningDataModule):
         self._train_consumed = 0
         self._train_world: int | None = None
         self._train_rank = 0
-        self._pending: dict[int, tuple] = {}  # id(batch) -> (worker, cursor), yielded but not consumed
+        self._pending: list[tuple] = []  # (input_ids, worker, cursor) of train batches yielded but not consumed
 
     def _on_batch_meta(self, split: str, meta: dict) -> None:
         self.split_stats[split].add(meta["delta"])
@@ -224,9 +224,8 @@ class TextDataModule(L.LightningDataModule):
         if getattr(self, "trainer", None) is None:
             self._consume(meta["worker"], meta["cursor"])  # plain iteration: yielded = consumed
         else:
-            self._pending[id(batch)] = (meta["worker"], meta["cursor"])
-            while len(self._pending) > 64:  # a batch dropped by the loop without a step
-                self._pending.pop(next(iter(self._pending)))
+            self._pending.append((batch["input_ids"], meta["worker"], meta["cursor"]))
+            del self._pending[:-64]  # batches fetched but never stepped on (an epoch cut short) are forgotten
 
     def _consume(self, worker: int, cursor) -> None:
         self._train_cursors[worker] = cursor
@@ -235,10 +234,25 @@ class TextDataModule(L.LightningDataModule):
             log.info("train after %d batches: %s", self._train_consumed, self.split_stats["train"].as_dict())
 
     def on_before_batch_transfer(self, batch, dataloader_idx: int):
-        """Marks a train batch as consumed by the training loop (exact resume despite prefetching)."""
-        pending = self._pending.pop(id(batch), None) if isinstance(batch, dict) else None
-        if pending is not None:
-            self._consume(*pending)
+        """Marks a train batch as consumed by the training loop (exact resume despite prefetching).
+
+        A batch is recognised by its ``input_ids`` tensor, not by the dict holding it: a precision plugin may
+        rebuild the dict before this hook (FSDP's mixed precision does, to cast floating tensors) but passes
+        integer tensors through as they are. Batches yielded before it were fetched and dropped without a step.
+        A train batch that cannot be recognised stops the run: the checkpoints' data state would be wrong.
+        """
+        trainer = getattr(self, "trainer", None)
+        if trainer is None or not trainer.training or not isinstance(batch, dict) or "input_ids" not in batch:
+            return batch
+        found = next((i for i, entry in enumerate(self._pending) if entry[0] is batch["input_ids"]), None)
+        if found is None:
+            raise RuntimeError(
+                "TextDataModule: a train batch reached on_before_batch_transfer that the train loader did not "
+                "yield as it is (was input_ids copied by a plugin or hook before this one?); the stream position "
+                "saved in checkpoints would be wrong, so resuming would repeat data")
+        _, worker, cursor = self._pending[found]
+        del self._pending[:found + 1]
+        self._consume(worker, cursor)
         return batch
 
     def _on_split_end(self, split: str, produced: int) -> None:

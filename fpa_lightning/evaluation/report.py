@@ -35,12 +35,14 @@ def json_safe(value):
 
 def write_outputs(out_dir: str, task: str, header: dict, output: TaskOutput, tensorboard: str | None,
                   step: int = 0) -> str:
-    """Save the figures as PNG, then the JSON (header + results + figure paths); returns the JSON path."""
+    """Save the figures as PNG, then the JSON (header + results + figure file names); returns the JSON path.
+
+    Figures are named relative to the JSON's folder, so a result folder stays whole when it is moved or committed."""
     os.makedirs(out_dir, exist_ok=True)
     figures = {}
     for name, fig in output.figures.items():
-        figures[name] = os.path.abspath(os.path.join(out_dir, f"{name}.png"))
-        fig.savefig(figures[name], dpi=120)
+        figures[name] = f"{name}.png"
+        fig.savefig(os.path.join(out_dir, figures[name]), dpi=120)
     if tensorboard is not None:
         _log_tensorboard(tensorboard, output, step)
     for fig in output.figures.values():

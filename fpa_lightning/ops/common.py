@@ -42,7 +42,9 @@ def cumsum_within_documents(x: torch.Tensor, segment_ids: torch.Tensor) -> torch
     rounded within-document sum, not a difference of two long row sums.
     """
     wide = x.double()
-    exclusive = wide.cumsum(dim=1) - wide  # Σ_{u<t} x_u
+    # the scan runs over the innermost dimension of a copy: along an outer dimension CUDA scans serially per column
+    inclusive = wide.movedim(1, -1).contiguous().cumsum(dim=-1).movedim(-1, 1)
+    exclusive = inclusive - wide  # Σ_{u<t} x_u
     positions = torch.arange(x.shape[1], device=x.device).expand_as(segment_ids)
     first = torch.where(document_first_tokens(segment_ids), positions, 0).cummax(dim=1).values  # (B, T)
     first = first.view(*first.shape, *([1] * (x.dim() - 2))).expand_as(x)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+import torch
+
 from fpa_lightning.probes.base import BOS, IGNORE, Probe, ProbeBatch, sample_each
 
 
@@ -53,3 +55,18 @@ class Mqar(Probe):
             earlier = [p for p in range(1, pos) if tokens[p] == t]
             labels.append(tokens[earlier[0] + 1] - 1 - self.keys if 1 <= t <= self.keys and earlier else IGNORE)
         return labels
+
+    def value_positions(self) -> torch.Tensor:
+        """(P,) positions of the values v_1..v_P; each pair's key sits just before its value."""
+        return torch.arange(1, self.pairs + 1) * 2
+
+    def query_positions(self) -> torch.Tensor:
+        """(P,) positions of the repeated keys (the scored queries)."""
+        return torch.arange(2 * self.pairs + 1, 3 * self.pairs + 1)
+
+    def answer_positions(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens (B, T) -> (B, P): for each repeated key, the position of the value it must recall."""
+        keys = tokens[:, 1:2 * self.pairs:2]  # (B, P) k_1..k_P
+        queries = tokens[:, self.query_positions().to(tokens.device)]  # (B, P)
+        pair = (queries[:, :, None] == keys[:, None, :]).float().argmax(-1)  # (B, P): index of the matching key
+        return 2 * pair + 2

@@ -11,7 +11,7 @@ import math
 import time
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -58,6 +58,8 @@ class RowRun:
     final_loss: list[float]
     """Per seed, the training loss averaged over the last 5 % of the steps."""
     seconds: float
+    ensemble: SeedEnsemble | None = field(default=None, repr=False)
+    """The trained seeds, for analyses after training (not part of a row's record)."""
 
 
 def make_model(probe: Probe, variant: Variant, shape: Shape) -> ProbeModel:
@@ -117,4 +119,4 @@ def train_row(probe: Probe, variant: Variant, shape: Shape, seeds: list[int], bu
             recent += loss.detach()
         if progress is not None and ((step + 1) % 50 == 0 or step == budget.steps - 1):
             progress(step + 1, float(loss.detach().mean()))
-    return RowRun(accuracy(ensemble, test), (recent / tail).tolist(), time.time() - started)
+    return RowRun(accuracy(ensemble, test), (recent / tail).tolist(), time.time() - started, ensemble)

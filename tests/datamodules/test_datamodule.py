@@ -5,6 +5,7 @@ import json
 import logging
 import time
 
+import lightning as L
 import numpy as np
 import pytest
 import torch
@@ -120,27 +121,32 @@ def test_each_rank_resumes_its_own_cursors_and_the_world_size_is_checked(small_f
         single.load_state_dict(state)
 
 
-def test_lightning_fit_resume_mid_epoch(small_files, tmp_path):
+class _Recorder(L.LightningModule):
+    """Keeps every train batch it steps on; learns nothing (lr 0)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(1))
+        self.seen = []
+
+    def training_step(self, batch, i):
+        self.seen.append(batch["input_ids"].clone())
+        return (self.w * batch["input_ids"].float().mean()).sum()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.0)
+
+
+# "64-true" casts floating tensors in convert_input and so hands the hooks a rebuilt batch dict, as FSDP's mixed
+# precision does; the position bookkeeping must survive that (under FSDP it did not, and resume replayed data).
+@pytest.mark.parametrize("precision", ["32-true", "64-true"])
+def test_lightning_fit_resume_mid_epoch(small_files, tmp_path, precision):
     """trainer.fit(ckpt_path=...) sees exactly the batches of an uninterrupted run (Lightning prefetches)."""
-    import lightning as L
-
-    class Recorder(L.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.w = torch.nn.Parameter(torch.zeros(1))
-            self.seen = []
-
-        def training_step(self, batch, i):
-            self.seen.append(batch["input_ids"].clone())
-            return (self.w * batch["input_ids"].float().mean()).sum()
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.0)
-
     def fit(steps, ckpt=None, save=None):
-        model = Recorder()
+        model = _Recorder()
         trainer = L.Trainer(max_steps=steps, accelerator="cpu", logger=False, enable_checkpointing=False,
-                            enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)
+                            enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
+                            precision=precision)
         trainer.fit(model, datamodule=dm_for(small_files, num_workers=2), ckpt_path=ckpt)
         if save:
             trainer.save_checkpoint(save)
@@ -151,6 +157,22 @@ def test_lightning_fit_resume_mid_epoch(small_files, tmp_path):
     rest = fit(8, ckpt=str(tmp_path / "half.ckpt"))
     assert len(first) == 4 and len(rest) == 4
     assert all(torch.equal(a, b) for a, b in zip(straight, first + rest))
+
+
+def test_a_train_batch_copied_before_the_hook_stops_the_run(small_files):
+    """If a plugin hands on_before_batch_transfer a copy of input_ids, the stream position cannot be tracked:
+    the run stops with a clear error instead of writing checkpoints whose resume would replay data."""
+    from lightning.pytorch.plugins import Precision
+
+    class CopyingPrecision(Precision):
+        def convert_input(self, data):
+            return {k: v.clone() for k, v in data.items()}
+
+    trainer = L.Trainer(max_steps=2, accelerator="cpu", logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
+                        plugins=[CopyingPrecision()])
+    with pytest.raises(RuntimeError, match="did not yield as it is"):
+        trainer.fit(_Recorder(), datamodule=dm_for(small_files))
 
 
 def test_two_ranks_disjoint_and_complete(tmp_path):

@@ -1,7 +1,7 @@
 """FSDP on up to two GPUs (one GPU: the same code paths, a single shard) through ``python train.py fit --trainer.strategy=fsdp`` (FSDP needs CUDA: skipped elsewhere).
 
-- Resume should be exact with full and with sharded checkpoints (it is not yet: the test is a strict xfail, see its
-  reason): N straight steps vs N/2 + resume + N/2 end with the same weights (FPA on its fused kernel, bf16-mixed, gradient clipping through FSDP). Bitwise equality on a GPU needs
+- Resume is exact with full and with sharded checkpoints: N straight steps vs N/2 + resume + N/2 end with the same
+  weights (FPA on its fused kernel, bf16-mixed, gradient clipping through FSDP). Bitwise equality on a GPU needs
   ``--trainer.deterministic=true``: without it CUDA's embedding backward (among others) adds with atomics, and
   the last bits of a run are not reproducible.
 - Every other backend trains under FSDP, and the callbacks' probe forwards (head statistics at every validation,
@@ -28,10 +28,6 @@ def fsdp_fit(runs, *extra: str) -> None:
              "--trainer.deterministic=true", *extra)
 
 
-@pytest.mark.xfail(strict=True, reason="open defect, measured on one H200 (2026-12-01): after 3 steps + resume + 3 steps "
-                   "the weights differ from 6 straight steps by about one step's update (4e-4 in the embedding), with "
-                   "full and with sharded checkpoints under --trainer.deterministic=true; DDP resume is exact "
-                   "(test_ddp_resume.py). strict: a fix shows up as XPASS")
 @pytest.mark.parametrize("checkpoints", ["full", "sharded"])
 def test_fsdp_resume_is_exact(tmp_path, checkpoints):
     extra = SHARDED if checkpoints == "sharded" else []

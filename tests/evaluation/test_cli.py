@@ -15,7 +15,7 @@ def run(tmp_path, name, *argv):
     with open(path) as f:
         record = json.load(f)  # strict JSON (no NaN / Infinity literals)
     for png in record["figures"].values():
-        assert os.path.getsize(png) > 1000
+        assert os.path.getsize(out / png) > 1000  # named beside the JSON
     assert record["versions"]["torch"] and record["versions"]["lightning"]
     return record
 

@@ -26,7 +26,7 @@ def test_a_tiny_table_trains_writes_json_and_resumes(tmp_path, capsys):
     assert [(c["group"], c["a"], c["b"]) for c in comparisons] == [
         ("dip duration, variable", "fpa", "fpa_dipsum"), ("dip duration, fixed", "fpa", "fpa_dipsum")]
     assert 0 <= comparisons[0]["p_value"] <= 1 and record["checkpoint"] is None
-    assert os.path.getsize(record["figures"]["probes"]) > 1000
+    assert record["figures"] == {"probes": "probes.png"} and os.path.getsize(os.path.join(out, "probes.png")) > 1000
     with open(os.path.join(out, "probes.md")) as f:
         assert "| dip duration, variable | fpa_dipsum | 3 steps, lr 0.01 |" in f.read()
     capsys.readouterr()

@@ -37,3 +37,18 @@ def test_same_seed_same_sequences_and_bad_parameters_fail():
         DipDuration(duration="sometimes")
     with pytest.raises(ValueError, match="at least 3"):
         Ladder(r=2)
+
+
+def test_mqar_positions_point_at_the_pairs_and_the_answers():
+    """The positions the mqar analysis reads (examples/probes/mqar_layer_bias.py) agree with the labels."""
+    from fpa_lightning.probes.recall import Mqar
+
+    probe = Mqar()
+    batch = probe.sample(64, torch.Generator().manual_seed(3))
+    values, queries = probe.value_positions(), probe.query_positions()
+    assert bool((batch.tokens[:, values] > probe.keys).all()) and bool((batch.tokens[:, values - 1] <= probe.keys).all())
+    assert bool((batch.labels[:, queries] != IGNORE).all()) and int((batch.labels != IGNORE).sum()) == 64 * probe.pairs
+    answers = probe.answer_positions(batch.tokens)  # (B, P)
+    recalled = batch.tokens.gather(1, answers) - 1 - probe.keys  # value token -> class
+    assert torch.equal(recalled, batch.labels[:, queries])
+    assert torch.equal(batch.tokens.gather(1, answers - 1), batch.tokens[:, queries])  # the answer follows the key

@@ -78,18 +78,23 @@ class Ladder(Probe):
 
 
 DURATIONS = ("variable", "fixed")
+ORDERS = ("any", "deepest_first")
 
 
 @dataclass(frozen=True)
 class DipDuration(Probe):
-    """<bos>, r pushes (P, one of them the marked M at rung j), a two-step dip, then Q. The dip's first step is D_k
-    (the field k below the walk). Its second step, for ``variable``, repeats D_k (the deepest step lasts 2 steps) or,
-    with probability 1/2, is a shallower D_j, j uniform in 0..k−1 (D_0 is the neutral N; the deepest step lasts 1
-    step); for ``fixed`` it is always N. Label at Q: min(levels the dip went below M's rung, 3), i.e.
+    """<bos>, r pushes (P, one of them the marked M at rung j), a two-step dip, then Q. One step is D_k (the field k
+    below the walk). The other, for ``variable``, repeats D_k (the deepest step lasts 2 steps) or, with probability
+    1/2, is a shallower D_j, j uniform in 0..k−1 (D_0 is the neutral N; the deepest step lasts 1 step); for
+    ``fixed`` it is always N. ``order="any"``: the two steps come in a random order; ``"deepest_first"`` (the first
+    definition): D_k always comes first. Label at Q: min(levels the dip went below M's rung, 3), i.e.
     min(max(0, j_M − (r − k)), 3); classes 0 (alive), 1, 2, 3+ are balanced."""
 
     r: int = 8
     duration: str = "variable"
+    order: str = "any"
+    """Why "any": with D_k always first, a dip-sum head can make its walk climb after every dip token, so that the
+    second step never reaches below the marked key and the sum of dips is the first (deepest) one (docs/probes.md)."""
 
     name = "dip_duration"
     family = "ladder"
@@ -100,6 +105,8 @@ class DipDuration(Probe):
     def __post_init__(self):
         if self.duration not in DURATIONS:
             raise ValueError(f"dip_duration: duration must be one of {DURATIONS}, got {self.duration!r}")
+        if self.order not in ORDERS:
+            raise ValueError(f"dip_duration: order must be one of {ORDERS}, got {self.order!r}")
         if self.r < self.MAX_CLASS + 2:
             raise ValueError(f"dip_duration: r must be at least {self.MAX_CLASS + 2}, got {self.r}")
 
@@ -126,8 +133,10 @@ class DipDuration(Probe):
         else:
             second = torch.zeros_like(depth)
         second = torch.where(second > 0, self.dip(second), torch.full_like(depth, self.FILLER))
-        tokens = torch.cat([torch.full((n, 1), BOS), pushes, self.dip(depth)[:, None], second[:, None],
-                            torch.full((n, 1), self.QUERY)], dim=1)
+        steps = torch.stack([self.dip(depth), second], dim=1)  # (n, 2): the deepest step first
+        if self.order == "any":
+            steps = torch.where(_balanced_bits(n, gen)[:, None], steps.flip(1), steps)
+        tokens = torch.cat([torch.full((n, 1), BOS), pushes, steps, torch.full((n, 1), self.QUERY)], dim=1)
         return ProbeBatch(tokens, scored_at_end(tokens, label))
 
     def reference_labels(self, tokens: list[int]) -> list[int]:

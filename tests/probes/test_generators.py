@@ -7,7 +7,8 @@ from fpa_lightning.probes import IGNORE, PROBES
 from fpa_lightning.probes.ladder import DipDuration, Ladder
 from fpa_lightning.probes.walks import PushPop, TwoFamilies
 
-INSTANCES = [cls() for cls in PROBES.values()] + [Ladder(r=6), Ladder(r=18), DipDuration(duration="fixed")]
+INSTANCES = [cls() for cls in PROBES.values()] + [Ladder(r=6), Ladder(r=18), DipDuration(duration="fixed"),
+                                                   DipDuration(order="deepest_first")]
 
 
 @pytest.mark.parametrize("probe", INSTANCES, ids=lambda p: p.key)
@@ -52,3 +53,14 @@ def test_mqar_positions_point_at_the_pairs_and_the_answers():
     recalled = batch.tokens.gather(1, answers) - 1 - probe.keys  # value token -> class
     assert torch.equal(recalled, batch.labels[:, queries])
     assert torch.equal(batch.tokens.gather(1, answers - 1), batch.tokens[:, queries])  # the answer follows the key
+
+
+def test_dip_duration_puts_the_deepest_step_first_or_second():
+    """order="any": the deeper of two different steps comes second in about half the sequences (a dip-sum head
+    cannot count only the first step); "deepest_first": never."""
+    for order, low, high in (("any", 0.4, 0.6), ("deepest_first", 0.0, 0.0)):
+        tokens = DipDuration(order=order).sample(4000, torch.Generator().manual_seed(5)).tokens
+        first, second = tokens[:, -3], tokens[:, -2]  # dip tokens grow with depth; N (the filler) is below them
+        differ = first != second
+        deeper_second = float((second > first)[differ].float().mean())
+        assert low <= deeper_second <= high, (order, deeper_second)

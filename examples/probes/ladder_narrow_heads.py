@@ -1,8 +1,8 @@
 """Investigation behind docs/probes.md, "Where we differ from the paper": does our `ladder` need head width at all?
 
 Trains ladder rows with heads of width d = 2 (the table uses d = 4) for the positional baselines, FoX and FPA, 15 seeds
-each, with the table's budget, and prints how many seeds reach the 0.99 criterion. A threshold over rungs has
-sign-rank 2, so if a 2-dimensional softmax head solves the probe, the probe does not test the capacity bound.
+each, with the table's budget, and prints how many seeds reach the 0.99 criterion. If softmax heads of width 2 solve
+the probe, it does not test a bound that asks for d ≥ r − 2 (what those heads compute: examples/probes/ladder_heads.py).
 
     OMP_NUM_THREADS=1 python examples/probes/ladder_narrow_heads.py [--r 10 18] [--device cpu]
 """

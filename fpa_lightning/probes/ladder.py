@@ -1,8 +1,9 @@
 """The ladder family: r pushes climb a walk one rung each, then one dip kills the keys above its floor.
 
 ``ladder``: read at the dip itself, do most of the keys that survive it carry colour 1? The answer needs the whole
-alive set as the attention pattern (a uniform average over exactly the surviving keys), which is the object of the
-theory (docs/probes.md, `ladder(r)`, "Why this question"; and "Where we differ from the paper").
+alive set (docs/probes.md, `ladder(r)`, "Why this question"; and "Where we differ from the paper"). Each push names
+its rung. ``unnamed_ladder``: the same question with pushes that name only their colour, so a key's rung is its
+position and nothing in its token.
 ``dip_duration``: how many levels below the one marked key did the dip go (0 = alive, 1, 2, 3 or more)? The dip's
 deepest step lasts 1 or 2 steps (``variable``) or always 1 (``fixed``): a path minimum ignores the duration, a sum
 of dips (Selective Attention, FPA's dip-sum ablation) counts every step.
@@ -64,17 +65,48 @@ class Ladder(Probe):
         tokens = torch.cat([torch.full((n, 1), BOS), self.push(rungs, colours), self.dip(depth)[:, None]], dim=1)
         return ProbeBatch(tokens, scored_at_end(tokens, wanted.long()))
 
+    def read(self, token: int) -> tuple[str, int] | None:
+        """("push", colour) or ("dip", depth) for a token of this probe; None for BOS."""
+        if 1 <= token <= 2 * self.r:
+            return "push", (token - 1) % 2
+        return ("dip", token - 2 * self.r) if token > 2 * self.r else None
+
     def reference_labels(self, tokens: list[int]) -> list[int]:
         """Walk form: a push climbs one step and writes a key at the new height; D_k puts the field k below the walk;
         a key survives while no later field value is below its height."""
         walk, fields, keys = 0, [], []
         for pos, t in enumerate(tokens):
-            if 1 <= t <= 2 * self.r:
+            kind, value = self.read(t) or ("bos", 0)
+            if kind == "push":
                 walk += 1
-                keys.append((pos, walk, (t - 1) % 2))
-            fields.append(walk - (t - 2 * self.r) if t > 2 * self.r else walk)
+                keys.append((pos, walk, value))
+            fields.append(walk - value if kind == "dip" else walk)
         survivors = [colour for pos, level, colour in keys if min(fields[pos + 1:]) >= level]
         return [IGNORE] * (len(tokens) - 1) + [int(2 * sum(survivors) > len(survivors))]
+
+
+@dataclass(frozen=True)
+class UnnamedLadder(Ladder):
+    """``Ladder`` with pushes that name only their colour: <bos> P^c1 … P^cr D_k. The rung of a push is its position
+    alone, so a key cannot carry its rung in its content: FPA's walk counts the pushes, a softmax head can only
+    locate a key by a positional encoding."""
+
+    name = "unnamed_ladder"
+    summary = "as ladder, but a push names only its colour (its rung is its position)"
+
+    def vocab(self) -> list[str]:
+        return ["<bos>", "Pa", "Pb", *(f"D{k}" for k in range(1, self.r))]
+
+    def push(self, rung, colour):  # the same two tokens on every rung
+        return 1 + colour
+
+    def dip(self, depth):
+        return 2 + depth
+
+    def read(self, token: int) -> tuple[str, int] | None:
+        if token in (1, 2):
+            return "push", token - 1
+        return ("dip", token - 2) if token > 2 else None
 
 
 DURATIONS = ("variable", "fixed")

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from fpa_lightning.probes.base import Probe
-from fpa_lightning.probes.ladder import DipDuration, Ladder
+from fpa_lightning.probes.ladder import DipDuration, Ladder, UnnamedLadder
 from fpa_lightning.probes.model import VARIANTS, Shape
 from fpa_lightning.probes.names import FindName, VarAssign
 from fpa_lightning.probes.recall import Mqar
@@ -57,8 +57,19 @@ def _ladder_groups() -> list[Group]:
     return groups
 
 
+def _unnamed_ladder_groups() -> list[Group]:
+    """Our variant, not a row of the paper: the same ladder with pushes that name only their colour
+    (docs/probes.md, "Where we differ", investigation 5)."""
+    groups = [Group(f"unnamed ladder, d=4, r={r}", UnnamedLadder(r=r), Shape(heads=1, head_dim=4), LADDER,
+                    steps=LADDER_STEPS) for r in (6, 10, 14, 18)]
+    groups += [Group(f"unnamed ladder control, d={r + 2}, r={r}", UnnamedLadder(r=r), Shape(heads=1, head_dim=r + 2),
+                     POSITIONAL_PEERS, steps=LADDER_STEPS) for r in (10, 14, 18)]
+    return groups
+
+
 GROUPS: list[Group] = [
     *_ladder_groups(),
+    *_unnamed_ladder_groups(),
     Group("dip duration, variable", DipDuration(duration="variable"), Shape(heads=1, head_dim=4),
           ("fpa", "fpa_dipsum", "selective"), {"fpa": "13/15", "fpa_dipsum": "0/15", "selective": "0/15"}),
     Group("dip duration, fixed", DipDuration(duration="fixed"), Shape(heads=1, head_dim=4),

@@ -1,6 +1,11 @@
 """The constructive half of the theory (docs/probes.md, "Hand-built FPA heads"): one FPA head of constant width
 d = 4, its weights set by hand, solves ``ladder`` for every r and ``dip_duration`` with either duration, without
-training. The same weights with the dip-sum reduction fail ``dip_duration`` when the duration varies.
+training. The same weights with the dip-sum reduction fail ``dip_duration`` when the duration varies. The ladder
+head also solves ``unnamed_ladder``, whose pushes name only their colour: the walk counts the rungs.
+
+And a bound for the other side (``best_accuracy_from``, ``position_blind_features``): a one-layer softmax head
+without positions sees the dip's keys as a multiset, so on ``unnamed_ladder`` its answer can depend only on the dip
+and the number of pushes of each colour, whatever its width.
 
 Both constructions use one-hot token embeddings and the same walk: a push climbs one rung (δ = 1) and its key's
 level is the new height (h = 0); D_k puts the field k below the walk (g = −k); every other token leaves the field at
@@ -19,7 +24,8 @@ import math
 import torch
 
 from fpa_lightning.config import AttentionConfig
-from fpa_lightning.probes.ladder import DipDuration, Ladder
+from fpa_lightning.probes.base import ProbeBatch
+from fpa_lightning.probes.ladder import DipDuration, Ladder, UnnamedLadder
 from fpa_lightning.probes.model import ProbeModel, Shape
 
 HEAD_DIM = 4
@@ -99,3 +105,23 @@ def _dip_duration_head(probe: DipDuration, reduction: str) -> ProbeModel:
             model.readout.weight[c, 0] = 100 * 2 * level
             model.readout.bias[c] = -100 * level**2
     return model
+
+
+def position_blind_features(probe: UnnamedLadder, batch: ProbeBatch) -> torch.Tensor:
+    """(N, 2): the dip token and the number of colour-1 pushes of each sequence. A one-layer softmax head without
+    positional encoding (any number of heads, any width) scores and mixes its keys by their tokens alone; at the dip
+    its keys are BOS, r pushes of two tokens and the dip itself, so its output, and the readout's answer, is a
+    function of these two numbers."""
+    if not isinstance(probe, UnnamedLadder):
+        raise TypeError(f"position_blind_features is defined for unnamed_ladder, got {probe.name}")
+    colour_1 = probe.push(1, 1)
+    return torch.stack([batch.tokens[:, -1], (batch.tokens[:, 1:-1] == colour_1).sum(dim=1)], dim=1)
+
+
+def best_accuracy_from(features: torch.Tensor, labels: torch.Tensor) -> float:
+    """The highest accuracy that any classifier seeing only `features` (N, F) reaches on these N labels (N,): each
+    distinct row of features predicts its most common label."""
+    _, group = torch.unique(features, dim=0, return_inverse=True)
+    counts = torch.zeros(int(group.max()) + 1, int(labels.max()) + 1)
+    counts.index_put_((group, labels), torch.ones(len(labels)), accumulate=True)
+    return int(counts.max(dim=1).values.sum()) / len(labels)

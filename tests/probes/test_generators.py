@@ -4,11 +4,11 @@ import pytest
 import torch
 
 from fpa_lightning.probes import IGNORE, PROBES
-from fpa_lightning.probes.ladder import DipDuration, Ladder
+from fpa_lightning.probes.ladder import DipDuration, Ladder, UnnamedLadder
 from fpa_lightning.probes.walks import PushPop, TwoFamilies
 
-INSTANCES = [cls() for cls in PROBES.values()] + [Ladder(r=6), Ladder(r=18), DipDuration(duration="fixed"),
-                                                   DipDuration(order="deepest_first")]
+INSTANCES = [cls() for cls in PROBES.values()] + [Ladder(r=6), Ladder(r=18), UnnamedLadder(r=18),
+                                                   DipDuration(duration="fixed"), DipDuration(order="deepest_first")]
 
 
 @pytest.mark.parametrize("probe", INSTANCES, ids=lambda p: p.key)
@@ -23,7 +23,8 @@ def test_labels_match_the_definition(probe):
         assert labels == probe.reference_labels(tokens), (probe.key, tokens)
 
 
-@pytest.mark.parametrize("probe", [Ladder(r=10), DipDuration(), TwoFamilies(), PushPop()], ids=lambda p: p.key)
+@pytest.mark.parametrize("probe", [Ladder(r=10), UnnamedLadder(r=10), DipDuration(), TwoFamilies(), PushPop()],
+                         ids=lambda p: p.key)
 def test_balanced_probes_are_balanced(probe):
     labels = probe.sample(4000, torch.Generator().manual_seed(3)).labels[:, -1]
     share = torch.bincount(labels, minlength=probe.n_classes).float() / len(labels)

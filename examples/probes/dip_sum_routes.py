@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import random
 from dataclasses import dataclass
 
@@ -78,6 +79,7 @@ class WalkDip(Probe):
         return [IGNORE] * (len(tokens) - 1) + [min(max(0, level - min(heights[pos + 1:])), self.MAX_CLASS)]
 
 
+@functools.cache  # `cases` and `weights` both need the dip-sum row: train it once
 def train(probe: Probe, backend: str, steps: int) -> RowRun:
     run = train_row(probe, variant(backend), Shape(heads=1, head_dim=4), SEEDS, Budget(steps=steps), torch.device("cpu"))
     wins = sum(a >= CRITERION for a in run.accuracies)

@@ -15,15 +15,14 @@ Two parts:
 from __future__ import annotations
 
 import argparse
-import math
 
 import torch
 
-from fpa_lightning.config import AttentionConfig
 from fpa_lightning.probes.base import IGNORE
 from fpa_lightning.probes.ladder import Ladder, UnnamedLadder
 from fpa_lightning.probes.model import ProbeModel, Shape, variant
 from fpa_lightning.probes.table import CRITERION, LADDER_STEPS
+from fpa_lightning.probes.theory import linear_threshold_head
 from fpa_lightning.probes.train import Budget, seeded, train_row
 
 
@@ -33,33 +32,6 @@ def accuracy(model: ProbeModel, probe: Ladder, n: int = 2048) -> float:
         predicted = model(batch.tokens).argmax(-1)
     scored = batch.labels != IGNORE
     return float(((predicted == batch.labels) & scored).sum() / scored.sum())
-
-
-def linear_threshold_head(probe: Ladder, sharpness: float = 40.0) -> ProbeModel:
-    """NoPE, d = 2: the dip scores rung i with λ·(r − k + ½ − i); BOS and the dip score as rung r + 1; a push's value
-    is its colour ±1; the readout says "majority of colour 1" when the head's output is above 1 / (4(r + 2))."""
-    r, V = probe.r, probe.vocab_size
-    model = ProbeModel(V, probe.n_classes, Shape(heads=1, head_dim=2, width=V), AttentionConfig(backend="nope", impl="naive"))
-    q, k, v = torch.zeros(2, V), torch.zeros(2, V), torch.zeros(2, V)
-    k[:, 0] = torch.tensor([1.0, r + 1.0])
-    for rung in range(1, r + 1):
-        for colour in (0, 1):
-            k[:, probe.push(rung, colour)] = torch.tensor([1.0, float(rung)])
-            v[0, probe.push(rung, colour)] = 2.0 * colour - 1.0
-    for depth in range(1, r):
-        q[:, probe.dip(depth)] = sharpness * torch.tensor([r - depth + 0.5, -1.0])
-        k[:, probe.dip(depth)] = torch.tensor([1.0, r + 1.0])
-    layer = model.layers[0]
-    with torch.no_grad():
-        model.embed.weight.copy_(torch.eye(V))
-        layer.qkv.weight.copy_(torch.cat([q * math.sqrt(2), k, v]))  # the layer divides q·k by √d
-        layer.out.weight.zero_()
-        layer.out.weight[0, 0] = 1.0
-        model.readout.weight.zero_()
-        model.readout.bias.zero_()
-        model.readout.weight[1, 0] = 1000.0
-        model.readout.bias[1] = -1000.0 / (4 * (r + 2))
-    return model
 
 
 @torch.no_grad()

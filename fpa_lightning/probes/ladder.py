@@ -125,8 +125,9 @@ class DipDuration(Probe):
     r: int = 8
     duration: str = "variable"
     order: str = "any"
-    """Why "any": with D_k always first, a dip-sum head can make its walk climb after every dip token, so that the
-    second step never reaches below the marked key and the sum of dips is the first (deepest) one (docs/probes.md)."""
+    """Why "any": with D_k always first, a dip-sum head could make its walk climb after every dip token, so that the
+    second step never reaches below the marked key and the sum of dips is the first (deepest) one (docs/probes.md,
+    investigation 4: our reading, not inspected)."""
 
     name = "dip_duration"
     family = "ladder"

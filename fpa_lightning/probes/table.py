@@ -59,7 +59,7 @@ def _ladder_groups() -> list[Group]:
 
 def _unnamed_ladder_groups() -> list[Group]:
     """Our variant, not a row of the paper: the same ladder with pushes that name only their colour
-    (docs/probes.md, "Where we differ", investigation 5)."""
+    (docs/probes.md, "Where we differ", investigation 6)."""
     groups = [Group(f"unnamed ladder, d=4, r={r}", UnnamedLadder(r=r), Shape(heads=1, head_dim=4), LADDER,
                     steps=LADDER_STEPS) for r in (6, 10, 14, 18)]
     groups += [Group(f"unnamed ladder control, d={r + 2}, r={r}", UnnamedLadder(r=r), Shape(heads=1, head_dim=r + 2),

@@ -3,6 +3,10 @@ d = 4, its weights set by hand, solves ``ladder`` for every r and ``dip_duration
 training. The same weights with the dip-sum reduction fail ``dip_duration`` when the duration varies. The ladder
 head also solves ``unnamed_ladder``, whose pushes name only their colour: the walk counts the rungs.
 
+A softmax head of width 2 whose scores are a linear threshold over the rungs (``linear_threshold_head``) does not
+solve ``ladder``: linear scores weigh the survivors geometrically where a majority needs equal weights
+(docs/probes.md, "Where we differ", investigation 5).
+
 And a bound for the other side (``best_accuracy_from``, ``position_blind_features``): a one-layer softmax head
 without positions sees the dip's keys as a multiset, so on ``unnamed_ladder`` its answer can depend only on the dip
 and the number of pushes of each colour, whatever its width.
@@ -41,10 +45,11 @@ def hand_built_fpa_head(probe: Ladder | DipDuration, reduction: str = "min") -> 
     raise TypeError(f"no hand-built head for {type(probe).__name__}")
 
 
-def _model(probe, reduction: str) -> ProbeModel:
-    attention = AttentionConfig(backend="fpa", impl="naive", fpa_reduction=reduction)
+def _model(probe, reduction: str = "min", backend: str = "fpa", head_dim: int = HEAD_DIM) -> ProbeModel:
+    options = {"fpa_reduction": reduction} if backend == "fpa" else {}
+    attention = AttentionConfig(backend=backend, impl="naive", **options)
     V = probe.vocab_size
-    model = ProbeModel(V, probe.n_classes, Shape(heads=1, head_dim=HEAD_DIM, layers=1, width=V), attention)
+    model = ProbeModel(V, probe.n_classes, Shape(heads=1, head_dim=head_dim, layers=1, width=V), attention)
     with torch.no_grad():
         model.embed.weight.copy_(torch.eye(V))
         model.readout.weight.zero_()
@@ -52,17 +57,24 @@ def _model(probe, reduction: str) -> ProbeModel:
     return model
 
 
-def _set_head(model: ProbeModel, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate: torch.Tensor,
-              beta: float) -> None:
-    """q, k, v (d, V) and gate (3, V: δ, g, h) hold one column per token; the scores q·k are the logits."""
+def _set_projections(model: ProbeModel, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """q, k, v (d, V) hold one column per token; the scores q·k are the logits."""
     layer = model.layers[0]
     with torch.no_grad():
-        layer.qkv.weight.copy_(torch.cat([q * math.sqrt(HEAD_DIM), k, v]))  # the layer divides q·k by √d
-        layer.backend.gate.weight.copy_(gate)
-        layer.backend.gate.bias.zero_()
-        layer.backend.beta_raw.fill_(math.log(math.expm1(beta)))  # softplus⁻¹
+        layer.qkv.weight.copy_(torch.cat([q * math.sqrt(layer.head_dim), k, v]))  # the layer divides q·k by √d
         layer.out.weight.zero_()
         layer.out.weight[0, 0] = 1.0  # residual coordinate 0 carries the head's value coordinate 0
+
+
+def _set_head(model: ProbeModel, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate: torch.Tensor,
+              beta: float) -> None:
+    """An FPA head: projections as in `_set_projections`, and gate (3, V: δ, g, h) with one column per token."""
+    _set_projections(model, q, k, v)
+    backend = model.layers[0].backend
+    with torch.no_grad():
+        backend.gate.weight.copy_(gate)
+        backend.gate.bias.zero_()
+        backend.beta_raw.fill_(math.log(math.expm1(beta)))  # softplus⁻¹
 
 
 def _ladder_head(probe: Ladder, reduction: str) -> ProbeModel:
@@ -77,10 +89,37 @@ def _ladder_head(probe: Ladder, reduction: str) -> ProbeModel:
         gate[1, probe.dip(depth)] = -depth
     gate[2, 0] = BOS_LEVEL
     _set_head(model, q, k, v, gate, beta=30.0)
-    threshold = 1 / (4 * (r + 2))  # a one-vote majority gives at least 1 / (r + 1)
+    _read_majority(model, r)
+    return model
+
+
+def _read_majority(model: ProbeModel, r: int) -> None:
+    """Class 1 when the head's output, the mean ±1 colour of the keys it attends to, is above 1 / (4(r + 2)): a
+    one-vote majority among the survivors gives at least 1 / (r + 1)."""
     with torch.no_grad():
         model.readout.weight[1, 0] = 1000.0
-        model.readout.bias[1] = -1000.0 * threshold
+        model.readout.bias[1] = -1000.0 / (4 * (r + 2))
+
+
+def linear_threshold_head(probe: Ladder, sharpness: float = 40.0) -> ProbeModel:
+    """A softmax head without positions, d = 2, that scores the survivors of D_k above the dead rungs with a linear
+    threshold: q(D_k)·k(P_i) = λ·(r − k + ½ − i) (q = λ·(r − k + ½, −1), k = (1, i)); BOS and the dip score as rung
+    r + 1 (dead); a push's value is its colour ±1 and the readout is the FPA ladder head's."""
+    if type(probe) is not Ladder:
+        raise TypeError(f"the linear threshold head needs pushes that name their rung (ladder), got {probe.name}")
+    model = _model(probe, backend="nope", head_dim=2)
+    r, V = probe.r, probe.vocab_size
+    q, k, v = torch.zeros(2, V), torch.zeros(2, V), torch.zeros(2, V)
+    k[:, 0] = torch.tensor([1.0, r + 1.0])
+    for rung in range(1, r + 1):
+        for colour in (0, 1):
+            k[:, probe.push(rung, colour)] = torch.tensor([1.0, float(rung)])
+            v[0, probe.push(rung, colour)] = 2.0 * colour - 1.0
+    for depth in range(1, r):
+        q[:, probe.dip(depth)] = sharpness * torch.tensor([r - depth + 0.5, -1.0])
+        k[:, probe.dip(depth)] = torch.tensor([1.0, r + 1.0])
+    _set_projections(model, q, k, v)
+    _read_majority(model, r)
     return model
 
 

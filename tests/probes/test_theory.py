@@ -10,7 +10,8 @@ from fpa_lightning.probes import IGNORE
 from fpa_lightning.probes.ladder import DipDuration, Ladder, UnnamedLadder
 from fpa_lightning.probes.model import ProbeModel, Shape
 from fpa_lightning.probes.table import CRITERION
-from fpa_lightning.probes.theory import HEAD_DIM, best_accuracy_from, hand_built_fpa_head, position_blind_features
+from fpa_lightning.probes.theory import (HEAD_DIM, best_accuracy_from, hand_built_fpa_head, linear_threshold_head,
+                                         position_blind_features)
 
 
 def accuracy(model, probe, n=2000) -> float:
@@ -35,6 +36,14 @@ def test_dip_sum_confuses_depth_with_duration():
     assert accuracy(hand_built_fpa_head(variable, reduction="dipsum"), variable) < 0.85
     fixed = DipDuration(duration="fixed")
     assert accuracy(hand_built_fpa_head(fixed, reduction="dipsum"), fixed) == 1.0
+
+
+@pytest.mark.parametrize("r", [10, 18])
+def test_a_linear_threshold_over_the_rungs_does_not_solve_the_ladder(r):
+    """docs/probes.md, investigation 5: linear scores weigh the survivors geometrically, so the majority is missed."""
+    model = linear_threshold_head(Ladder(r=r))
+    assert model.layers[0].head_dim == 2
+    assert accuracy(model, Ladder(r=r)) < 0.8
 
 
 def test_best_accuracy_from_features():

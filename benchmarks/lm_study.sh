@@ -120,7 +120,7 @@ eval_group() {
     esac
 }
 
-summary() { echo "== status ($results/status.tsv): step, exit code, seconds"; cut -f1-3 "$results/status.tsv" | column -t; }
+summary() { echo "== status ($results/status.tsv): step, exit code, seconds"; cut -f1-3 "$results/status.tsv"; }
 
 command=${1:-all}; shift || true
 case $command in

@@ -337,15 +337,15 @@ def prune_lines(evals: dict) -> list[str]:
 
 
 def eviction_lines(evals: dict) -> list[str]:
-    rows = [[NAME[backend], str(entry["length"]), rule_text(r["rule"]), f3(r["kept_fraction"]),
-             f3(r["real_eviction"]["kept_fraction"]), f4(r["loss"]["estimate"]),
-             f4(r["real_eviction"]["loss"]["estimate"]),
+    rows = [[NAME[backend], str(entry["length"]), str(entry["documents"]), rule_text(r["rule"]),
+             f4(entry[side]["unpruned_loss"]["estimate"]), f3(r["kept_fraction"]), f3(r["real_eviction"]["kept_fraction"]),
+             ci(r["increase"], d4), ci(r["real_eviction"]["increase"], d4),
              f"{r['real_eviction']['max_abs_difference_from_simulation']:.1e}",
              f"{r['real_eviction']['cache_bytes']:,.0f}"]
             for entry in evals["cache_prune_real-fpa-fox"]["lengths"]
             for side, backend in (("a", "fpa"), ("b", "fox")) for r in entry[side]["rules"]]
-    return table(["model", "length", "rule", "kept (simulated)", "kept (real)", "loss (simulated)", "loss (real)",
-                  "max abs loss difference", "cache bytes"], rows)
+    return table(["model", "length", "documents", "rule", "unpruned loss", "kept (simulated)", "kept (real)",
+                  "Δloss (simulated)", "Δloss (real)", "max abs loss difference", "cache bytes"], rows)
 
 
 def lm_eval_lines(evals: dict) -> list[str]:

@@ -161,7 +161,8 @@ def test_render_tables(results_dir):
     assert ("| 2048 | -5 | 0.500 | +0.0024 [+0.0014, +0.0034] | 0.500 | +0.0048 [+0.0038, +0.0058] | 701 | 0.500 | "
             "+0.0048 [+0.0038, +0.0058] |") in text
     assert "kept 0.250 (window 2000)" in text
-    assert "| FPA | 2048 | threshold -10 | 0.400 | 0.399 | 3.0012 | 3.0012 | 1.0e-07 | 134,152 |" in text
+    assert ("| FPA | 2048 | 2 | threshold -10 | 3.0000 | 0.400 | 0.399 | +0.0012 [+0.0002, +0.0022] | "
+            "+0.0012 [+0.0000, +0.0000] | 1.0e-07 | 134,152 |") in text
     assert "| median_alive_fraction | 0.250 | 0.250 | — |" in text and "| nonsuffix_heads | 3 | 3 | — |" in text
     assert "| kjv_cloze | acc | 18 | 0.278 ± 0.109 | 0.333 ± 0.114 | 0.62 |" in text
     assert "prompt: And God said unto Moses,\n  FPA       Go down⏎unto Pharaoh\n" in text  # one line per sample
@@ -204,3 +205,15 @@ def test_missing_pieces_are_reported(tmp_path):
 def test_a_folder_without_runs_fails_clearly(tmp_path):
     with pytest.raises(SystemExit, match="no runs/ folder"):
         report.collect(tmp_path)
+
+
+def test_committed_study_tables_come_from_the_committed_json():
+    """docs/lm_study/tables.md is exactly render(docs/lm_study/results.json), and the JSON holds the run's numbers that
+    docs/lm_study.md quotes (a hand edit of either fails here)."""
+    study = PATH.parents[1] / "docs" / "lm_study"
+    assert report.check(study) == 0
+    results = json.loads((study / "results.json").read_text())
+    assert round(results["evals"]["test_loss-fpa-fox"]["difference"]["estimate"], 4) == -0.0130
+    assert results["training"]["fpa"]["tokens_seen"] == 25_559_040
+    doc = (PATH.parents[1] / "docs" / "lm_study.md").read_text()
+    assert "−0.0130 [−0.0190, −0.0070]" in doc

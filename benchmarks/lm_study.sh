@@ -40,12 +40,12 @@ if [ "${SMOKE:-0}" = 1 ]; then  # the shape and lengths shrunk so that every ste
                  --data.init_args.seq_len=$context --data.init_args.batch_size=4 --data.init_args.max_val_batches=2
                  --data.init_args.num_workers=1 --model.optim.warmup_steps=2)
     eval_common=(--device cpu --precision 32)
-    trials=2; ruler_trials=1; prune_docs=2; real_eviction_docs=1; max_new_tokens=8
+    trials=2; ruler_trials=1; ruler_factors="4 8 16"; prune_docs=2; real_eviction_docs=1; max_new_tokens=8
 else
     context=2048
     train_shape=()
     eval_common=(--device cuda --precision bf16)
-    trials=50; ruler_trials=10; prune_docs=8; real_eviction_docs=2; max_new_tokens=96
+    trials=50; ruler_trials=10; ruler_factors="2 4 8"; prune_docs=8; real_eviction_docs=2; max_new_tokens=96
 fi
 tokenizer_train=(); tokenizer_eval=()
 if [ -n "${TOKENIZER:-}" ]; then
@@ -103,7 +103,7 @@ eval_group() {
     passkey)   for b in fox sdpa; do evaluate "passkey-fpa-$b" passkey fpa "$b" --lengths $(lengths 1 2 4 8) \
                    --trials "$trials"; done ;;
     ruler)     for b in fox sdpa; do evaluate "ruler-fpa-$b" ruler fpa "$b" --data "$corpus/pg19" \
-                   --lengths $(lengths 2 4 8) --trials "$ruler_trials"; done ;;
+                   --lengths $(lengths $ruler_factors) --trials "$ruler_trials"; done ;;
     babilong)  for b in fox sdpa; do evaluate "babilong-fpa-$b" babilong fpa "$b" --data "$corpus/pg19" \
                    --lengths $(lengths 1 2 4) --trials "$ruler_trials"; done ;;
     prune)     # FoX under the same thresholds; softmax with a sliding window of FPA's mean kept size

@@ -12,6 +12,10 @@ logger's ``checkpoints/`` folder) and its resolved ``config.yaml``. Resume with 
 ``data.init_args.seq_len``. Precision is ``trainer.precision``, set explicitly in each YAML (bf16-mixed for the GPU
 configs, 32-true for the CPU quickstart). YAML values may use ``${...}`` interpolation (omegaconf) to keys of the
 same file, resolved at parse time.
+
+Safety (README "Safety and resume"): checkpoints are written atomically (``modules.checkpoint_io``); a remote
+``--ckpt_path`` is refused; a resume lists the command-line values that the checkpoint's hyper-parameters replace; with
+``--trainer.logger=false`` an existing ``./config.yaml`` is never overwritten.
 """
 from __future__ import annotations
 
@@ -20,11 +24,17 @@ import pathlib
 import sys
 
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from callbacks import GenerationWriter
 from datamodules import TextDataModule
+from datamodules.sources import CorruptDataError
+from datamodules.text import DataChangedError
 from modules import LanguageModel
+from modules.checkpoint_io import AtomicCheckpointIO, is_remote
+from modules.guards import NonFiniteLossError
 
 CONFIG_DIR = pathlib.Path(__file__).resolve().parent / "configs"
 TRAINER_DEFAULTS = {
@@ -60,6 +70,61 @@ class TrainCLI(LightningCLI):
             super().instantiate_classes()
         except ValueError as error:
             self.parser.error(f"invalid configuration: {error}")
+        strategy = getattr(getattr(self, "trainer", None), "strategy", None)
+        if strategy is not None and type(strategy.checkpoint_io) is TorchCheckpointIO:  # not a user's own plugin
+            strategy.checkpoint_io = AtomicCheckpointIO()
+
+    def _parse_ckpt_path(self) -> None:
+        """LightningCLI puts a checkpoint's hyper-parameters over the parsed ``model`` values (so the model matches
+        the weights, and a resumed optimizer and schedule continue from their saved state anyway). Refuses a remote
+        checkpoint, and lists on stderr every value the checkpoint replaces, before anything runs."""
+        subcommand = self.config.get("subcommand")
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if ckpt_path and (is_remote(ckpt_path) or ckpt_path == "registry" or str(ckpt_path).startswith("registry:")):
+            self.parser.error(f"--ckpt_path {ckpt_path!r}: remote checkpoints are refused (Lightning would unpickle "
+                              f"them with weights_only=False, which can run code from the file); download it, check "
+                              f"where it comes from, and pass the local file")
+        before = _flat(self.config[subcommand].get("model")) if ckpt_path else {}
+        super()._parse_ckpt_path()
+        if not ckpt_path:
+            return
+        after = _flat(self.config[subcommand].get("model"))
+        changed = [key for key in sorted(before.keys() | after.keys()) if before.get(key) != after.get(key)]
+        if changed and rank_zero_only.rank == 0:
+            lines = [f"  model.{key}: {before.get(key)!r} (command line/config) -> {after.get(key)!r} (checkpoint)"
+                     for key in changed]
+            print(f"train.py: --ckpt_path {ckpt_path}: the checkpoint's hyper-parameters win over these command-line/"
+                  f"config values (the run uses the checkpoint's; to change them, start a new run from the "
+                  f"weights):\n" + "\n".join(lines), file=sys.stderr)
+
+
+class NoClobberSaveConfig(SaveConfigCallback):
+    """Saves the resolved ``config.yaml`` into the run's log folder (a new ``version_<n>`` per run). Without a logger
+    that folder is the working directory (``trainer.default_root_dir``), where a ``config.yaml`` may be the user's own:
+    an existing one is never replaced; the run says so on stderr and does not save its config."""
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        if trainer.logger is None and not self.already_saved:
+            path = os.path.join(trainer.log_dir or ".", self.config_filename)
+            if trainer.strategy.broadcast(os.path.isfile(path) if trainer.is_global_zero else False):
+                if trainer.is_global_zero:
+                    print(f"train.py: {path} exists and is not overwritten (no logger, so this run has no folder of "
+                          f"its own); its resolved config is not saved (print it with --print_config)", file=sys.stderr)
+                self.already_saved = True
+                return
+        super().setup(trainer, pl_module, stage)
+
+
+def _flat(namespace, prefix: str = "") -> dict:
+    """``{"optim.lr": 0.003, ...}`` of a (nested) jsonargparse Namespace or dict; tuples as lists."""
+    items = namespace.as_dict() if hasattr(namespace, "as_dict") else (namespace or {})
+    flat = {}
+    for key, value in items.items():
+        if isinstance(value, dict):
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = list(value) if isinstance(value, tuple) else value
+    return flat
 
 
 def resolve_config(name: str) -> str:
@@ -102,7 +167,8 @@ def main(args: list[str] | None = None, run: bool = True) -> TrainCLI:
         subclass_mode_data=True,
         parser_kwargs={"parser_mode": "omegaconf"},
         trainer_defaults=TRAINER_DEFAULTS,
-        save_config_kwargs={"overwrite": True},
+        save_config_callback=NoClobberSaveConfig,
+        save_config_kwargs={"overwrite": True},  # in a logger's folder (new per run); see NoClobberSaveConfig
         auto_configure_optimizers=False,  # the optimizer is LanguageModel's (model.optim), not a CLI option
         args=args,
         run=run,
@@ -110,4 +176,10 @@ def main(args: list[str] | None = None, run: bool = True) -> TrainCLI:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (NonFiniteLossError, CorruptDataError, DataChangedError) as error:
+        message = str(error)
+        if message.startswith("Caught "):  # re-raised from a DataLoader worker: the original message is the last line
+            message = message.rstrip().splitlines()[-1].split(": ", 1)[-1]
+        sys.exit(f"train.py: error: {message}")

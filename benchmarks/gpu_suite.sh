@@ -1,20 +1,99 @@
 #!/usr/bin/env bash
-# The GPU run behind BENCHMARKS.md, in one go: the GPU tests, the attention benchmark and whole-model training
-# throughput. Run from the repository root on a CUDA machine with the project importable (PYTHONPATH=. works).
+# The GPU run behind BENCHMARKS.md, in one go: every GPU test, the attention benchmark and whole-model training
+# throughput, then a summary table. Run from the repository root on a CUDA machine with the project importable
+# (PYTHONPATH=. works).
 #   bash benchmarks/gpu_suite.sh [results folder]
-# Environment: TOKENIZER=path/to/tokenizer.json where mistral-common is absent; TESTS (default: tests);
-# STEPS (default 200) for the fpa/fox/sdpa models, PEER_STEPS (default 60) for selective and dcp.
+# Tests: every test file holding a `gpu`-marked test (what `pytest --collect-only -m gpu` finds, plus every test file
+# that names the marker, so a file that fails to import still shows up) runs on its own, `pytest -m gpu FILE`, under a
+# time limit per file (FILE_TIMEOUT seconds, default 1200; a file past it is killed and reported as TIMEOUT). The end
+# of the output is a table per file: passed, failed, errors, skipped, seconds and status (also in
+# RESULTS/gpu_tests_summary.md, with each file's log and JUnit XML in RESULTS/tests/).
+# Run time: not measured for the whole script (no complete GPU run of this version is recorded); the test part is
+# bounded by FILE_TIMEOUT per file (RESULTS/tests/files.txt lists them), the benchmarks are not.
+# Environment: TOKENIZER=path/to/tokenizer.json where mistral-common is absent; TESTS (test folders or files,
+# space-separated; default: tests); FILE_TIMEOUT;
+# SKIP_BENCHMARKS=1 runs the tests only; STEPS (default 200) for the fpa/fox/sdpa models, PEER_STEPS (default 60) for
+# selective and dcp; PYTHON (default python3). The exit code is non-zero when any file or benchmark failed.
 set -uo pipefail
 results=${1:-gpu_results}
-mkdir -p "$results"
+python=${PYTHON:-python3}
+limit=${FILE_TIMEOUT:-1200}
+mkdir -p "$results/tests"
 export PYTHONUNBUFFERED=1 PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$results/machine.txt"
-python3 -c "import torch, triton, lightning; print('torch', torch.__version__, '| triton', triton.__version__, '| lightning', lightning.__version__)" | tee -a "$results/machine.txt"
+"$python" -c "import torch, triton; print('torch', torch.__version__, '| triton', triton.__version__, '| cuda', torch.cuda.is_available())" | tee -a "$results/machine.txt"
 status=0
-python3 -m pytest -q -m gpu -p no:cacheprovider --continue-on-collection-errors ${TESTS:-tests} 2>&1 | tee "$results/gpu_tests.log" || status=1
-python3 benchmarks/attention.py 2>&1 | tee "$results/attention.log" || status=1
-python3 benchmarks/train_throughput.py --configs fpa fox sdpa --steps "${STEPS:-200}" --profile-steps 5 \
-    ${TOKENIZER:+--tokenizer "$TOKENIZER"} --json "$results/throughput.json" 2>&1 | tee "$results/throughput.log" || status=1
-python3 benchmarks/train_throughput.py --configs selective dcp --steps "${PEER_STEPS:-60}" --warmup 20 \
-    ${TOKENIZER:+--tokenizer "$TOKENIZER"} --json "$results/throughput_peers.json" 2>&1 | tee "$results/throughput_peers.log" || status=1
+
+# --- the GPU tests, one file at a time ------------------------------------------------------------------------------
+read -ra roots <<<"${TESTS:-tests}"
+mapfile -t files < <({
+    "$python" -m pytest --collect-only -q -m gpu -p no:cacheprovider "${roots[@]}" 2>/dev/null \
+        | grep -oE '^[^ :]+\.py::' | sed 's/::$//'
+    grep -rlE --include='test_*.py' 'mark\.gpu' "${roots[@]}"
+} | sort -u)
+printf '%s\n' "${files[@]}" >"$results/tests/files.txt"
+echo "GPU tests: ${#files[@]} files, at most $limit s each"
+: >"$results/tests/runs.tsv"
+for file in "${files[@]}"; do
+    name=$(echo "${file%.py}" | tr '/' '_')
+    start=$SECONDS
+    timeout -k 30 "$limit" "$python" -m pytest -q -m gpu -p no:cacheprovider -rfEs --junitxml="$results/tests/$name.xml" \
+        "$file" >"$results/tests/$name.log" 2>&1
+    code=$?
+    printf '%s\t%s\t%s\t%s\n' "$file" "$code" "$((SECONDS - start))" "$name" >>"$results/tests/runs.tsv"
+    echo "== $file: exit $code after $((SECONDS - start)) s: $(tail -n 1 "$results/tests/$name.log")"
+    [ "$code" -eq 0 ] || status=1
+done
+
+# --- benchmarks -----------------------------------------------------------------------------------------------------
+: >"$results/benchmarks.tsv"
+bench() {  # bench NAME COMMAND...: run, log to RESULTS/NAME.log, record the exit code
+    local name=$1 start=$SECONDS; shift
+    "$@" 2>&1 | tee "$results/$name.log"
+    local code=${PIPESTATUS[0]}
+    printf '%s\t%s\t%s\n' "$name" "$code" "$((SECONDS - start))" >>"$results/benchmarks.tsv"
+    [ "$code" -eq 0 ] || status=1
+}
+if [ "${SKIP_BENCHMARKS:-0}" != 1 ]; then
+    bench attention "$python" benchmarks/attention.py
+    bench throughput "$python" benchmarks/train_throughput.py --configs fpa fox sdpa --steps "${STEPS:-200}" \
+        --profile-steps 5 ${TOKENIZER:+--tokenizer "$TOKENIZER"} --json "$results/throughput.json"
+    bench throughput_peers "$python" benchmarks/train_throughput.py --configs selective dcp --steps "${PEER_STEPS:-60}" \
+        --warmup 20 ${TOKENIZER:+--tokenizer "$TOKENIZER"} --json "$results/throughput_peers.json"
+fi
+
+# --- the summary table (the last thing printed) ---------------------------------------------------------------------
+"$python" - "$results" "$limit" <<'EOF' | tee "$results/gpu_tests_summary.md"
+import os, sys
+import xml.etree.ElementTree as ET
+
+results, limit = sys.argv[1], sys.argv[2]
+EXIT = {0: "ok", 1: "FAILED", 2: "ERROR (interrupted or collection error)", 3: "ERROR (internal)", 4: "ERROR (usage)",
+        5: "NO GPU TESTS COLLECTED", 124: f"TIMEOUT ({limit} s)", 137: f"TIMEOUT ({limit} s, killed)"}
+rows, total = [], [0, 0, 0, 0, 0]
+for line in open(os.path.join(results, "tests", "runs.tsv")):
+    file, code, seconds, name = line.rstrip("\n").split("\t")
+    counts = ["-"] * 4
+    try:
+        suites = ET.parse(os.path.join(results, "tests", f"{name}.xml")).getroot()
+        suite = suites if suites.tag == "testsuite" else suites.find("testsuite")
+        n, failed, errors, skipped = (int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped"))
+        counts = [n - failed - errors - skipped, failed, errors, skipped]
+        total = [t + c for t, c in zip(total, counts + [int(seconds)])]
+    except (OSError, ET.ParseError, AttributeError):  # killed before the XML was written
+        total[4] += int(seconds)
+    rows.append([file, *map(str, counts), seconds, EXIT.get(int(code), f"ERROR (exit {code})")])
+rows.append(["all files", *map(str, total), ""])
+header = ["file", "passed", "failed", "errors", "skipped", "seconds", "status"]
+width = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+print("GPU tests (pytest -m gpu, one file at a time):")
+for r in [header, ["-" * w for w in width], *rows]:
+    print("| " + " | ".join(c.ljust(w) for c, w in zip(r, width)) + " |")
+bench = os.path.join(results, "benchmarks.tsv")
+if os.path.exists(bench) and os.path.getsize(bench):
+    print("\nbenchmarks:")
+    for line in open(bench):
+        name, code, seconds = line.split()
+        print(f"  {name:18s} {'ok' if code == '0' else 'FAILED (exit ' + code + ')':18s} {seconds} s")
+EOF
 exit $status

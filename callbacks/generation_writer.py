@@ -17,20 +17,32 @@ class GenerationWriter(BasePredictionWriter):
     per prompt: index, prompt, completion (the decoded new tokens, up to and with EOS), token counts, whether it
     ended with EOS, and the cache's kept fraction and decode speed for its batch.
 
+    Under DDP each rank continues its own share of the prompts and writes its own file, ``<stem>.rank<r><suffix>``
+    (``predictions.rank1.jsonl``); the ``index`` field puts the lines back in prompt order.
+
     Args:
         path: the JSONL file (default: ``predictions.jsonl`` in the run's log folder, or the working directory).
+        overwrite: replace an existing file; without it an existing file is an error, never truncated.
     """
 
-    def __init__(self, path: str | None = None):
+    def __init__(self, path: str | None = None, overwrite: bool = False):
         super().__init__(write_interval="batch")
-        self.path = path
+        self.path, self.overwrite = path, overwrite
+        self.output_path: str | None = None  # the file this rank writes (set when predict starts)
         self._file = None
 
     def on_predict_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if self.path is None:
-            self.path = os.path.join(trainer.log_dir or ".", "predictions.jsonl")
-        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-        self._file = open(self.path, "w", encoding="utf-8")
+        path = self.path if self.path is not None else os.path.join(trainer.log_dir or ".", "predictions.jsonl")
+        if trainer.world_size > 1:
+            stem, suffix = os.path.splitext(path)
+            path = f"{stem}.rank{trainer.global_rank}{suffix}"
+        self.output_path = path
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        try:
+            self._file = open(path, "w" if self.overwrite else "x", encoding="utf-8")
+        except FileExistsError:
+            raise FileExistsError(f"GenerationWriter: {path} exists; pass another --predictions.path, or "
+                                  f"--predictions.overwrite=true to replace it") from None
 
     def write_on_batch_end(self, trainer, pl_module, prediction: dict, batch_indices, batch, batch_idx: int,
                            dataloader_idx: int) -> None:
@@ -48,4 +60,5 @@ class GenerationWriter(BasePredictionWriter):
 
     def on_predict_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._file.close()
-        rank_zero_info(f"GenerationWriter: wrote {self.path}")
+        rank_zero_info(f"GenerationWriter: wrote {self.output_path}" + (" (and the other ranks' files beside it)"
+                                                                        if trainer.world_size > 1 else ""))

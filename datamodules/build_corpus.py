@@ -75,6 +75,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import zstandard
 
+from fpa_lightning.atomic import atomic_open
+
 from .corpus import kjv_books, kjv_source_path
 from .files import cache_dir
 from .tokenizer import mistral_tokenizer
@@ -513,10 +515,8 @@ def _parquet(docs: list[Doc]) -> bytes:
 
 
 def _write_atomic(path: pathlib.Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    with atomic_open(path, "wb") as f:
+        f.write(data)
 
 
 def _write_outputs(out: pathlib.Path, splits: dict[str, list[Doc]]) -> list[dict]:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import os
 import pathlib
-import tempfile
+
+from fpa_lightning.atomic import atomic_open
 
 
 def cache_dir() -> pathlib.Path:
@@ -15,17 +16,9 @@ def cache_dir() -> pathlib.Path:
 
 
 def atomic_write_text(path: pathlib.Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temp file + rename, so readers never see a partial file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """Write ``text`` to ``path`` atomically (``fpa_lightning.atomic``), so readers never see a partial file."""
+    with atomic_open(path) as f:
+        f.write(text)
 
 
 def installed_package_file(module: str, relative: str, requirement: str) -> pathlib.Path:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import glob
 import gzip
-import io
 import json
 import logging
 import os
@@ -22,10 +21,12 @@ import pathlib
 import random
 import socket
 import threading
+import zlib
 from collections.abc import Iterator
 from urllib.parse import urlparse
 
 import datasets
+import zstandard
 
 log = logging.getLogger(__name__)
 
@@ -68,13 +69,12 @@ def _env_offline() -> bool:
 def require_hub(hub_id: str, what: str, local_hint: str) -> None:
     """Raise ``HubUnavailableError`` within ~0.7 s when ``hub_id`` cannot be fetched, naming the local option.
 
-    Without this check ``datasets`` retries for ~23 s before failing. When the hub is unreachable we
-    also switch ``datasets``/``huggingface_hub`` to offline mode so nothing else in the process waits.
+    Without this check ``datasets`` retries for ~23 s before failing. The probe only reads ``os.environ``: it never
+    sets ``HF_HUB_OFFLINE``/``HF_DATASETS_OFFLINE``, which would switch the rest of the process (and its children)
+    offline behind the caller's back; the error raised here already stops the load that would have waited.
     """
     if not _env_offline() and _hub_reachable():
         return
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    os.environ["HF_DATASETS_OFFLINE"] = "1"
     raise HubUnavailableError(
         f"cannot load {what} {hub_id!r} from the Hugging Face hub: no network (or HF_HUB_OFFLINE/"
         f"HF_DATASETS_OFFLINE is set). Use local files instead: {local_hint}."
@@ -108,19 +108,59 @@ def expand_files(patterns: str | list[str] | None, base: str | None = None) -> l
     return sorted(files)
 
 
-def _open_text_lines(path: str) -> Iterator[bytes]:
-    """Raw lines of a (possibly gzip/zstd compressed) text file; bytes, so bad UTF-8 is per line."""
-    if path.endswith(".gz"):
-        with gzip.open(path, "rb") as f:
-            yield from f
-    elif path.endswith(".zst"):
-        import zstandard
+class CorruptDataError(ValueError):
+    """A compressed data file is truncated or corrupt: an error naming the file and the line where it stopped, never
+    a silently shorter stream."""
 
-        with open(path, "rb") as raw, zstandard.ZstdDecompressor().stream_reader(raw) as zf:
-            yield from io.BufferedReader(zf, buffer_size=1 << 20)
-    else:
+
+def _open_text_lines(path: str) -> Iterator[bytes]:
+    """Raw lines of a (possibly gzip/zstd compressed) text file; bytes, so bad UTF-8 is per line.
+
+    A compressed file that ends inside a frame/member or fails to decompress raises ``CorruptDataError`` (naming the
+    file and the number of complete lines read before it); the incomplete last line is never yielded.
+    """
+    if not path.endswith((".gz", ".zst")):
         with open(path, "rb") as f:
             yield from f
+        return
+    lines = 0
+    try:
+        for line in (_gzip_lines(path) if path.endswith(".gz") else _zstd_lines(path)):
+            yield line
+            lines += 1
+    except (EOFError, zlib.error, gzip.BadGzipFile, zstandard.ZstdError) as error:
+        kind = "gzip" if path.endswith(".gz") else "zstd"
+        raise CorruptDataError(
+            f"{path}: truncated or corrupt {kind} data after line {lines} (lines 1-{lines} were read; {error}); "
+            f"re-download or rebuild the file") from None
+
+
+def _gzip_lines(path: str) -> Iterator[bytes]:
+    with gzip.open(path, "rb") as f:  # gzip raises EOFError when the file ends before the end-of-stream marker
+        yield from f
+
+
+def _zstd_lines(path: str) -> Iterator[bytes]:
+    """Lines of a .zst file of one or more frames. zstandard's stream reader returns a short read, not an error,
+    when the file ends inside a frame, so frames are decoded here and an incomplete last frame raises."""
+    dctx = zstandard.ZstdDecompressor()
+    frame, in_frame, pending = dctx.decompressobj(), False, b""
+    with open(path, "rb") as raw:
+        while chunk := raw.read(1 << 20):
+            while chunk:
+                in_frame = True
+                out = frame.decompress(chunk)
+                if out:  # (hundreds of MB/s: far faster than tokenising what it yields)
+                    *complete, pending = (pending + out).split(b"\n")
+                    yield from complete
+                if frame.eof:  # a frame ended: the rest of the chunk (if any) starts the next one
+                    chunk, frame, in_frame = frame.unused_data, dctx.decompressobj(), False
+                else:
+                    chunk = b""
+    if in_frame:
+        raise EOFError("the file ends inside a zstd frame")
+    if pending:
+        yield pending
 
 
 def _jsonl_records(path: str, text_field: str) -> Iterator[Record]:

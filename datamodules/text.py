@@ -3,12 +3,16 @@ data set. How batches are built and resumed: ``datamodules.stream``; the loader:
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import lightning as L
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, IterableDataset
 
 from . import sources
@@ -19,6 +23,32 @@ from .stream import META_KEY, SPLITS, PackedStream, PipelineStats, SplitSource, 
 from .tokenizer import mistral_tokenizer
 
 log = logging.getLogger(__name__)
+_LISTED_FILES = 1000  # a resume fingerprint lists the train files by name up to this many (else count/bytes/hash)
+
+
+class DataChangedError(ValueError):
+    """A checkpoint's train stream position was saved on other data (files, text_field, tokenizer, hub split)."""
+
+
+@dataclass(frozen=True)
+class TrainBatchPosition:
+    """Where a consumed train batch lies in its rank's stream: its number (1-based; counted on across a resume), the
+    logical worker (shard) that built it, and that worker's cursors ``(pass, document, token offset)`` before and
+    after it (``None``: the start of the stream)."""
+
+    batch: int
+    rank: int
+    worker: int
+    start: tuple | None
+    end: tuple | None
+
+    def __str__(self) -> str:
+        def at(cursor) -> str:
+            p, doc, offset = cursor or (0, 0, 0)
+            return f"pass {p}, document {doc}, token {offset}"
+
+        return (f"train batch {self.batch} of rank {self.rank} (logical worker {self.worker}: from [{at(self.start)}] "
+                f"to [{at(self.end)}] of its shard)")
 
 
 class TextDataModule(L.LightningDataModule):
@@ -50,6 +80,10 @@ class TextDataModule(L.LightningDataModule):
         hub_train_split: split name of the hub data set for training.
         hub_val_split: split name of the hub data set for validation.
         hub_test_split: split name of the hub data set for testing.
+        allow_data_change: resume a checkpoint whose train data differ from this run's (another file list or file
+            sizes, ``text_field``, tokenizer or hub id/split) instead of refusing. The differences are logged; the
+            saved position (document index per worker) is applied to the new data as it is, so data may be
+            repeated or skipped.
     """
 
     #: per split, globs tried in order inside a local ``source`` folder (first one that matches wins)
@@ -80,22 +114,29 @@ class TextDataModule(L.LightningDataModule):
         hub_train_split: str = "train",
         hub_val_split: str = "validation",
         hub_test_split: str = "test",
+        allow_data_change: bool = False,
     ):
         super().__init__()
         if eval_mode not in ("packed", "long_docs"):
             raise ValueError(f"eval_mode must be 'packed' or 'long_docs', not {eval_mode!r}")
         if seq_len < 1 or batch_size < 1:
             raise ValueError("seq_len and batch_size must be >= 1")
+        if val_batch_size is not None and val_batch_size < 1:
+            raise ValueError(f"val_batch_size must be >= 1 (or None: batch_size), got {val_batch_size}")
+        if max_val_batches is not None and max_val_batches < 1:
+            raise ValueError(f"max_val_batches must be >= 1 (or None: the whole split), got {max_val_batches}")
         self.save_hyperparameters()
         self.source, self.text_field, self.tokenizer_source = source, text_field, tokenizer
         self.split_globs = {"train": train_files, "validation": val_files, "test": test_files}
         self.hub_splits = {"train": hub_train_split, "validation": hub_val_split, "test": hub_test_split}
         self.seq_len, self.batch_size = seq_len, batch_size
-        self.val_batch_size = val_batch_size or batch_size
+        self.val_batch_size = batch_size if val_batch_size is None else val_batch_size
         self.num_workers, self.seed, self.shuffle_block = num_workers, seed, shuffle_block
         self.max_val_batches, self.eval_mode = max_val_batches, eval_mode
         self.long_doc_max_tokens = long_doc_max_tokens
+        self.allow_data_change = allow_data_change
         self._tokenizer = None
+        self._fingerprint: dict | None = None
         self._sources: dict[str, SplitSource] = {}
         self.split_stats = {s: PipelineStats() for s in SPLITS}
         self._reset_train_state()
@@ -214,6 +255,7 @@ class TextDataModule(L.LightningDataModule):
         self._train_world: int | None = None
         self._train_rank = 0
         self._pending: list[tuple] = []  # (input_ids, worker, cursor) of train batches yielded but not consumed
+        self.last_train_batch: TrainBatchPosition | None = None  # the batch the training loop consumed last
 
     def _on_batch_meta(self, split: str, meta: dict) -> None:
         self.split_stats[split].add(meta["delta"])
@@ -228,8 +270,9 @@ class TextDataModule(L.LightningDataModule):
             del self._pending[:-64]  # batches fetched but never stepped on (an epoch cut short) are forgotten
 
     def _consume(self, worker: int, cursor) -> None:
-        self._train_cursors[worker] = cursor
+        start, self._train_cursors[worker] = self._train_cursors[worker], cursor
         self._train_consumed += 1
+        self.last_train_batch = TrainBatchPosition(self._train_consumed, self._train_rank, worker, start, cursor)
         if self._train_consumed % 1000 == 0:
             log.info("train after %d batches: %s", self._train_consumed, self.split_stats["train"].as_dict())
 
@@ -289,9 +332,17 @@ class TextDataModule(L.LightningDataModule):
         """Restore this rank's train stream position; the next train_dataloader() continues exactly there.
 
         A state saved by another number of ranks is refused (``_check_resume_config``): shards differ per world size.
+        So is one saved on other data (``_data_fingerprint``), unless ``allow_data_change``. Outside ``fit``
+        (validate/test/predict from a training checkpoint) the train position plays no part and is not restored.
         """
-        if state.get("config") != self._resume_config():
-            raise ValueError(f"cannot resume: data config changed from {state.get('config')} to {self._resume_config()}")
+        trainer = getattr(self, "trainer", None)
+        if trainer is not None and trainer.state.fn != "fit":
+            return
+        saved, current = dict(state.get("config") or {}), self._resume_config()
+        saved_data, current_data = saved.pop("data", None), current.pop("data")
+        if saved != current:
+            raise ValueError(f"cannot resume: data config changed from {saved} to {current}")
+        self._check_same_data(saved_data, current_data)
         if "ranks" not in state:  # written before per-rank states: one rank's entry at the top level
             state = {**state, "ranks": [{"rank": 0, **{k: state[k] for k in ("consumed", "cursors", "stats")}}]}
         self._train_world = state.get("world_size")
@@ -311,7 +362,42 @@ class TextDataModule(L.LightningDataModule):
 
     def _resume_config(self) -> dict:
         return {"seq_len": self.seq_len, "batch_size": self.batch_size, "seed": self.seed,
-                "num_workers_or_1": max(1, self.num_workers), "shuffle_block": self.shuffle_block}
+                "num_workers_or_1": max(1, self.num_workers), "shuffle_block": self.shuffle_block,
+                "data": self._data_fingerprint()}
+
+    def _data_fingerprint(self) -> dict:
+        """What the train stream reads, computed once: the train files (names relative to their common folder, so a
+        copy of the same files elsewhere still matches, and sizes) or the hub id/split, ``text_field`` and a hash of
+        the tokenizer's JSON. Saved in checkpoints and compared on resume."""
+        if self._fingerprint is None:
+            source = self.split_source("train")
+            if source.hub_id is not None:
+                train = {"hub_id": source.hub_id, "hub_split": source.hub_split,
+                         "hub_data_files": list(source.hub_data_files) if source.hub_data_files else None}
+            else:
+                train = _files_fingerprint(source.files)
+            tokenizer = hashlib.sha256(self.tokenizer.to_str().encode("utf-8")).hexdigest()[:16]
+            self._fingerprint = {"train": train, "text_field": self.text_field, "tokenizer_sha256": tokenizer}
+        return self._fingerprint
+
+    def _check_same_data(self, saved: dict | None, current: dict) -> None:
+        if saved is None:
+            rank_zero_warn("resuming from a data state without a data fingerprint (written by an older version): the "
+                           "train files, text_field and tokenizer cannot be compared with this run's")
+            return
+        changes = _data_differences(saved, current, self.tokenizer_source)
+        if not changes:
+            return
+        listing = "; ".join(changes)
+        if self.allow_data_change:
+            rank_zero_warn(f"resuming on changed data (allow_data_change=True): {listing}. The saved stream position "
+                           f"(document index per worker) is applied to the new data as it is: data may be repeated or "
+                           f"skipped")
+            return
+        raise DataChangedError(
+            f"cannot resume: the train data differ from the checkpoint's: {listing}. Its stream position would repeat "
+            f"or skip data on other data; resume with the same data, or pass --data.init_args.allow_data_change=true "
+            f"to continue anyway")
 
     # ------------------------------------------------------------------------------------------- extras
 
@@ -351,6 +437,46 @@ class TextDataModule(L.LightningDataModule):
                 yielded += 1
                 if limit is not None and yielded >= limit:
                     return
+
+
+def _files_fingerprint(files) -> dict:
+    folder = os.path.commonpath([os.path.dirname(os.path.abspath(f)) for f in files]) if files else ""
+    entries = [[os.path.relpath(os.path.abspath(f), folder), os.path.getsize(f)] for f in files]
+    return {"count": len(entries), "bytes": sum(size for _, size in entries),
+            "sha256": hashlib.sha256(json.dumps(entries).encode("utf-8")).hexdigest()[:16],
+            "files": entries if len(entries) <= _LISTED_FILES else None}
+
+
+def _data_differences(saved: dict, current: dict, tokenizer_source: str | None) -> list[str]:
+    """Readable differences between two ``_data_fingerprint``s (saved -> current)."""
+    changes = []
+    if saved.get("text_field") != current["text_field"]:
+        changes.append(f"text_field {saved.get('text_field')!r} -> {current['text_field']!r}")
+    if saved.get("tokenizer_sha256") != current["tokenizer_sha256"]:
+        changes.append(f"tokenizer (sha256 of its JSON) {saved.get('tokenizer_sha256')} -> "
+                       f"{current['tokenizer_sha256']} (tokenizer={tokenizer_source!r})")
+    old, new = saved.get("train") or {}, current["train"]
+    if old == new:
+        return changes
+    if "hub_id" in old or "hub_id" in new:
+        def where(fp):
+            if "hub_id" in fp:
+                return f"hub {fp['hub_id']!r} split {fp['hub_split']!r}" + (
+                    f" files {fp['hub_data_files']}" if fp.get("hub_data_files") else "")
+            return f"{fp.get('count')} local files"
+
+        changes.append(f"train source {where(old)} -> {where(new)}")
+        return changes
+    detail = ""
+    if old.get("files") is not None and new.get("files") is not None:
+        a, b = dict(map(tuple, old["files"])), dict(map(tuple, new["files"]))
+        parts = [f"{label}: {', '.join(names[:5])}{' ...' if len(names) > 5 else ''}" for label, names in (
+            ("added", sorted(b.keys() - a.keys())), ("removed", sorted(a.keys() - b.keys())),
+            ("size changed", sorted(n for n in a.keys() & b.keys() if a[n] != b[n]))) if names]
+        detail = f" ({'; '.join(parts)})" if parts else ""
+    changes.append(f"train files {old.get('count')} files / {old.get('bytes')} bytes -> {new['count']} files / "
+                   f"{new['bytes']} bytes{detail}")
+    return changes
 
 
 def _gather_from_ranks(obj) -> list:

@@ -117,7 +117,13 @@ def mistral_tokenizer(source: str | None = None) -> Tokenizer:
     if path.is_file():
         if path.suffix == ".model" or path.name.startswith("tokenizer.model"):
             return convert_sentencepiece_bpe(path)
-        return Tokenizer.from_file(str(path))
+        try:
+            return Tokenizer.from_file(str(path))
+        except Exception as error:  # tokenizers raises a bare Exception ("expected ident at line 1 column 2")
+            raise ValueError(
+                f"tokenizer file {str(path)!r} is not a valid tokenizer.json ({error}); pass a tokenizer.json written "
+                f"by the tokenizers library (Tokenizer.save), a SentencePiece .model file, or tokenizer=None for the "
+                f"offline Mistral tokenizer") from None
     if path.exists() or source.startswith((".", "/", "~")) or source.endswith(".json"):
         raise FileNotFoundError(f"tokenizer file not found: {source!r} (expected a tokenizer.json or .model file)")
     from .sources import require_hub

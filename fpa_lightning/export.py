@@ -1,10 +1,12 @@
-"""Hugging Face-style export of a trained Decoder: ``model.safetensors``, ``config.json``, ``README.md`` (model card)
-and ``tokenizer.json`` in one folder, and the loader that rebuilds the identical Decoder from it.
+"""Reading the folders of ``eval.py --export hf`` and of transformers' ``save_pretrained`` (``fpa_lightning.hf``)
+without transformers, and the model card of an export.
 
-The architecture is this project's, so ``transformers`` cannot instantiate it; ``config.json`` carries the standard
-keys that hub tools read (sizes, vocabulary, special ids) and, under ``fpa_lightning``, the complete ``ModelConfig``
-that ``load_hf`` rebuilds the model from. Weights are stored as saved (float32); tied embeddings are stored once,
-under ``embed.weight``. Reloading gives bit-identical logits on the same device and attention implementation.
+A folder holds ``config.json`` (``fpa_lightning.hf.FPAConfig``: the ``ModelConfig`` fields at the top level;
+exports written before the transformers classes kept them under ``fpa_lightning``) and ``model.safetensors`` (the
+Decoder's weights under ``model.``, or unprefixed in the older exports; tied embeddings stored once). ``load_hf``
+rebuilds the identical Decoder: bit-identical logits on the same device and attention implementation.
+``init_from_export`` loads such a folder's weights into a Decoder built from a training config, for further
+training (``LanguageModel(init_from=...)``, ``train.py fit --model.init_from=DIR``).
 """
 from __future__ import annotations
 
@@ -17,73 +19,72 @@ import torch
 from fpa_lightning.config import ModelConfig
 from fpa_lightning.model import Decoder
 
-WEIGHTS, CONFIG, CARD, TOKENIZER = "model.safetensors", "config.json", "README.md", "tokenizer.json"
+WEIGHTS, CONFIG = "model.safetensors", "config.json"
 MODEL_TYPE = "fpa_lightning"
+PREFIX = "model."  # FPAForCausalLM holds the Decoder as .model
+# fields that choose how the same function is computed or trained, not which function: they may differ between an
+# export and the config that continues training it
+RUNTIME_FIELDS = {"max_seq_len", "init_std"}
+RUNTIME_ATTENTION_FIELDS = {"impl", "block_size", "skip_threshold", "document_mask"}
 
 
-def hf_config(cfg: ModelConfig, bos_id: int | None, eos_id: int | None) -> dict:
-    """The config.json of an export: the usual hub keys plus the ModelConfig that rebuilds the model."""
-    return {
-        "model_type": MODEL_TYPE,
-        "architectures": ["Decoder"],
-        "vocab_size": cfg.vocab_size,
-        "hidden_size": cfg.d_model,
-        "num_hidden_layers": cfg.n_layer,
-        "num_attention_heads": cfg.n_head,
-        "intermediate_size": cfg.d_mlp,
-        "max_position_embeddings": cfg.max_seq_len,
-        "rms_norm_eps": cfg.norm_eps,
-        "tie_word_embeddings": cfg.tie_embeddings,
-        "bos_token_id": bos_id,
-        "eos_token_id": eos_id,
-        "torch_dtype": "float32",
-        MODEL_TYPE: dataclasses.asdict(cfg),
-    }
+def export_config(path: str, impl: str | None = None) -> ModelConfig:
+    """The ``ModelConfig`` of an export folder; ``impl`` overrides the attention implementation it stores."""
+    with open(os.path.join(path, CONFIG), encoding="utf-8") as f:
+        config = json.load(f)
+    if config.get("model_type") != MODEL_TYPE:
+        raise ValueError(f"{path} is not an fpa-lightning export (config.json model_type {config.get('model_type')!r})")
+    stored = config.get(MODEL_TYPE, config)  # the older exports nest the fields
+    fields = {f.name: stored[f.name] for f in dataclasses.fields(ModelConfig) if f.name in stored}
+    if impl is not None:
+        fields["attention"] = {**fields["attention"], "impl": impl}
+    return ModelConfig(**fields)
 
 
-def save_hf(decoder: Decoder, out_dir: str, card: str, tokenizer=None, bos_id: int | None = None,
-            eos_id: int | None = None, cfg: ModelConfig | None = None) -> dict[str, str]:
-    """Write the export into ``out_dir`` (created); returns {file kind: path}. ``tokenizer`` is a
-    ``tokenizers.Tokenizer`` (saved as tokenizer.json) or None; ``cfg`` replaces the decoder's config in
-    config.json (the same model, e.g. with the implementation it was trained with)."""
-    from safetensors.torch import save_file  # imported on use: only exports need it
+def export_weights(path: str) -> dict[str, torch.Tensor]:
+    """The Decoder's state dict stored in an export folder (float32 as saved, on the CPU)."""
+    from safetensors.torch import load_file  # imported on use: only exports need it
 
-    os.makedirs(out_dir, exist_ok=True)
-    state = decoder.state_dict()
-    if decoder.cfg.tie_embeddings:
-        state.pop("lm_head.weight")  # the same tensor as embed.weight; safetensors stores no aliases
-    paths = {"weights": os.path.join(out_dir, WEIGHTS), "config": os.path.join(out_dir, CONFIG),
-             "card": os.path.join(out_dir, CARD)}
-    save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, paths["weights"],
-              metadata={"format": "pt"})
-    with open(paths["config"], "w", encoding="utf-8") as f:
-        json.dump(hf_config(cfg or decoder.cfg, bos_id, eos_id), f, indent=2)
-    with open(paths["card"], "w", encoding="utf-8") as f:
-        f.write(card)
-    if tokenizer is not None:
-        paths["tokenizer"] = os.path.join(out_dir, TOKENIZER)
-        tokenizer.save(paths["tokenizer"])
-    return paths
+    weights_path = os.path.join(path, WEIGHTS)
+    if not os.path.isfile(weights_path):
+        raise FileNotFoundError(f"{path} has no {WEIGHTS} (a sharded save_pretrained folder: save it with "
+                                "max_shard_size larger than the model)")
+    state = load_file(weights_path)
+    return {k[len(PREFIX):] if k.startswith(PREFIX) else k: v for k, v in state.items()}
+
+
+def load_weights(decoder: Decoder, state: dict[str, torch.Tensor], path: str) -> None:
+    """Copy an export's state dict into ``decoder``; every weight must match (the tied output layer is stored once)."""
+    missing, unexpected = decoder.load_state_dict(state, strict=False)
+    tied = ["lm_head.weight"] if decoder.cfg.tie_embeddings else []
+    if missing != tied or unexpected:
+        raise ValueError(f"{path}: weights do not match config.json: missing {missing}, unexpected {unexpected}")
 
 
 def load_hf(path: str, device: torch.device | str = "cpu", impl: str | None = None) -> Decoder:
     """The Decoder of an export folder, in eval mode on ``device``; ``impl`` overrides the attention implementation
     stored in the config (e.g. ``chunked`` on a CPU for a model trained with ``fused``)."""
-    from safetensors.torch import load_file
-
-    with open(os.path.join(path, CONFIG), encoding="utf-8") as f:
-        config = json.load(f)
-    if config.get("model_type") != MODEL_TYPE or MODEL_TYPE not in config:
-        raise ValueError(f"{path} is not an fpa-lightning export (config.json model_type {config.get('model_type')!r})")
-    fields = dict(config[MODEL_TYPE])
-    if impl is not None:
-        fields["attention"] = {**fields["attention"], "impl": impl}
-    decoder = Decoder(ModelConfig(**fields))
-    missing, unexpected = decoder.load_state_dict(load_file(os.path.join(path, WEIGHTS)), strict=False)
-    tied = ["lm_head.weight"] if decoder.cfg.tie_embeddings else []
-    if missing != tied or unexpected:
-        raise ValueError(f"{path}: weights do not match config.json: missing {missing}, unexpected {unexpected}")
+    decoder = Decoder(export_config(path, impl))
+    load_weights(decoder, export_weights(path), path)
     return decoder.to(device).eval()
+
+
+def architecture_differences(a: ModelConfig, b: ModelConfig) -> list[str]:
+    """The fields, other than runtime choices, in which two configs describe different functions."""
+    left, right = dataclasses.asdict(a), dataclasses.asdict(b)
+    out = [f"{k}: {left[k]!r} vs {right[k]!r}" for k in left
+           if k not in RUNTIME_FIELDS | {"attention"} and left[k] != right[k]]
+    return out + [f"attention.{k}: {left['attention'][k]!r} vs {right['attention'][k]!r}" for k in left["attention"]
+                  if k not in RUNTIME_ATTENTION_FIELDS and left["attention"][k] != right["attention"][k]]
+
+
+def init_from_export(decoder: Decoder, path: str) -> None:
+    """Load the weights of an export (or ``save_pretrained``) folder into ``decoder``, in place. The folder's model
+    must be the one ``decoder.cfg`` describes, up to runtime choices (implementation, block size, context length)."""
+    differences = architecture_differences(decoder.cfg, export_config(path))
+    if differences:
+        raise ValueError(f"init_from={path}: the model config differs from the folder's: {'; '.join(differences)}")
+    load_weights(decoder, export_weights(path), path)
 
 
 def model_card(decoder: Decoder, source: str, step: int | None, training: dict, impls: list[str] | None,
@@ -93,8 +94,9 @@ def model_card(decoder: Decoder, source: str, step: int | None, training: dict, 
     cfg = decoder.cfg
     attention = cfg.attention
     ran = ", ".join(sorted(set(impls))) if impls else "not recorded in the checkpoint"
+    evict = ", prune_threshold=-10" if decoder.has_bias() else ""  # eviction needs a bias
     sections = [
-        "---\nlibrary_name: fpa-lightning\ntags:\n- causal-lm\n- " + attention.backend + "\n---\n",
+        "---\nlibrary_name: transformers\ntags:\n- causal-lm\n- custom_code\n- " + attention.backend + "\n---\n",
         f"# {attention.backend} decoder, {decoder.num_parameters() / 1e6:.1f}M parameters\n",
         f"Exported by `eval.py --export hf` from `{source}` (global step {step}).\n",
         "## Architecture\n",
@@ -105,14 +107,22 @@ def model_card(decoder: Decoder, source: str, step: int | None, training: dict, 
         f"- backend: `{attention.backend}`, positional encoding: `{attention.positional}`\n"
         f"- requested at training: `impl: {attention.impl}`; ran at training (per layer): {ran}\n"
         "- every implementation computes the same function (naive reference, chunked PyTorch, fused GPU kernel); "
-        "`load_hf(path, impl=...)` chooses one at load time\n",
+        "`load_hf(path, impl=...)` chooses one at load time, and so does `config.attention[\"impl\"]` in "
+        "transformers\n",
         "## Tokenizer\n",
-        f"{tokenizer} (`tokenizer.json` in this folder).\n",
+        f"{tokenizer} (`tokenizer.json` in this folder; `AutoTokenizer` puts BOS first, as every training document "
+        "began).\n",
         "## Training configuration\n",
         "The checkpoint's hyper-parameters (model, optimiser, data module):\n\n```json\n"
         + json.dumps(training, indent=1, default=str) + "\n```\n",
         "## Loading\n",
-        "```python\nfrom fpa_lightning.export import load_hf\n\ndecoder = load_hf(\"PATH\", device=\"cuda\")  "
-        "# logits = decoder(input_ids)\n```\n",
+        "With transformers alone (the model's code is in this folder; it needs torch, triton and transformers):\n\n"
+        "```python\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
+        "model = AutoModelForCausalLM.from_pretrained(\"PATH\", trust_remote_code=True)\n"
+        "tokenizer = AutoTokenizer.from_pretrained(\"PATH\", trust_remote_code=True)\n"
+        "ids = model.generate(**tokenizer(\"The LORD is\", return_tensors=\"pt\"), max_new_tokens=20"
+        f"{evict})\n```\n\n"
+        "With fpa-lightning installed: `import fpa_lightning.hf` registers the same classes (no remote code), and "
+        "`fpa_lightning.export.load_hf(\"PATH\")` gives the bare Decoder.\n",
     ]
     return "\n".join(sections)

@@ -12,8 +12,9 @@ from torchmetrics import MeanMetric
 
 from fpa_lightning import Decoder, ModelConfig
 from fpa_lightning.attention import AttentionBackend
+from fpa_lightning.export import init_from_export
 from fpa_lightning.generation import GenerationConfig
-from modules import scaling
+from modules import guards, scaling
 
 
 @dataclass
@@ -92,10 +93,12 @@ class LanguageModel(L.LightningModule):
     training steps, validation excluded), ``val/loss`` (mean over all tokens), ``val/ppl``, and ``test/loss``,
     ``test/ppl`` in ``train.py test``. Precision and the strategy (DDP, FSDP) are the Trainer's; ``compile``:
     ``torch.compile`` every block (True, or torch.compile's keyword arguments). Batches may carry ``segment_ids``
-    (B, T), used under ``attention.document_mask``.
+    (B, T), used under ``attention.document_mask``. ``init_from``: an export or ``save_pretrained`` folder whose
+    weights start the model (``fpa_lightning.export.init_from_export``; not saved as a hyper-parameter).
     """
 
-    def __init__(self, model: ModelConfig, optim: OptimConfig = OptimConfig(), compile: bool | dict = False):
+    def __init__(self, model: ModelConfig, optim: OptimConfig = OptimConfig(), compile: bool | dict = False,
+                 init_from: str | None = None):
         super().__init__()
         # A checkpoint stores plain dicts, so ``load_from_checkpoint`` calls us with dicts.
         model = ModelConfig(**model) if isinstance(model, dict) else model
@@ -103,7 +106,12 @@ class LanguageModel(L.LightningModule):
         self.save_hyperparameters({"model": asdict(model), "optim": asdict(optim), "compile": compile})
         self.optim, self.compile_options = optim, compile
         self.model = Decoder(model)
-        self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
+        if init_from is not None:
+            init_from_export(self.model, init_from)
+        # nan_strategy="disable": a NaN/inf token loss propagates into the mean (never dropped, which would bias the
+        # value that picks the best checkpoint), and the epoch-end check raises on every rank at once.
+        self.val_loss, self.test_loss = MeanMetric(nan_strategy="disable"), MeanMetric(nan_strategy="disable")
+        self._step_losses: list[tuple[torch.Tensor, object]] = []  # this optimizer step's (loss, batch position)
         self._warned_fallbacks = False
         self._window_start: float | None = None
         self._window_tokens = 0
@@ -127,6 +135,7 @@ class LanguageModel(L.LightningModule):
         # LightningCLI's --ckpt_path feeds a checkpoint's hyper-parameters back into the constructor's
         # arguments, and attention_impls is not one: it is kept beside them.
         checkpoint["attention_impls"] = checkpoint["hyper_parameters"].pop("attention_impls", None)
+        guards.check_state_finite(self)  # never write NaN/inf weights or optimizer state
 
     def configure_model(self) -> None:
         if self.compile_options:
@@ -141,6 +150,8 @@ class LanguageModel(L.LightningModule):
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         loss = self.token_losses(batch).mean()
+        # checked in on_before_optimizer_step, once per optimizer step (no host sync here)
+        self._step_losses.append((loss.detach(), getattr(self.trainer.datamodule, "last_train_batch", None)))
         self.log("train/loss", loss, prog_bar=True)
         self.log("train/lr", self.lr_schedulers().get_last_lr()[0])
         self._window_tokens += batch["input_ids"].numel() * self.trainer.world_size
@@ -158,6 +169,11 @@ class LanguageModel(L.LightningModule):
         ids, stats = settings.generate(self.model, batch["input_ids"], batch["eos_id"], batch_idx)
         return {**batch, "output_ids": ids, "stats": stats}
 
+    def on_before_optimizer_step(self, optimizer) -> None:
+        # a non-finite loss stops the run here, after backward and before the step would write it into the weights
+        checks, self._step_losses = self._step_losses, []
+        guards.check_step_losses(self, checks)
+
     def on_validation_epoch_end(self) -> None:
         self._log_mean_loss("val", self.val_loss, prog_bar=True)
 
@@ -167,6 +183,7 @@ class LanguageModel(L.LightningModule):
     def _log_mean_loss(self, split: str, metric: MeanMetric, prog_bar: bool = False) -> None:
         loss = metric.compute()  # mean over every token of every rank
         metric.reset()
+        guards.check_mean_loss(self, split, loss)  # before logging: ModelCheckpoint never sees a NaN val/loss
         self.log(f"{split}/loss", loss, prog_bar=prog_bar)
         self.log(f"{split}/ppl", loss.exp())
 

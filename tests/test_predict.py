@@ -3,6 +3,7 @@ import json
 import pathlib
 
 import pytest
+import torch
 
 from datamodules.prompts import read_prompts
 from fpa_lightning.generation import GenerationConfig
@@ -13,22 +14,47 @@ TINY_MODEL = ["--model.model.n_layer=2", "--model.model.d_model=32", "--model.mo
               "--model.model.d_mlp=64", "--data.init_args.seq_len=64"]  # the shapes of the ckpts fixture
 
 
-def test_predict_writes_one_jsonl_line_per_prompt(tmp_path, monkeypatch, ckpts):
+@torch.no_grad()
+def greedy_reference(decoder, prompt: list[int], steps: int, eos_id: int) -> list[int]:
+    """Greedy decoding without a cache: the argmax of the full forward's last position, appended step by step (up to
+    and with EOS)."""
+    ids, new = list(prompt), []
+    for _ in range(steps):
+        nxt = int(decoder(torch.tensor([ids]))[0, -1].argmax())
+        new.append(nxt)
+        ids.append(nxt)
+        if nxt == eos_id:
+            break
+    return new
+
+
+def test_predict_writes_one_jsonl_line_per_prompt(tmp_path, monkeypatch, ckpts, tokenizer):
+    """Greedy predictions (batches of unequal prompt lengths through the KV cache) equal greedy decoding by full
+    forward passes of the checkpoint's model: the completion is the text of those tokens, with their count."""
+    from datamodules import BOS_ID, EOS_ID
+    from fpa_lightning.evaluation.checkpoint import load_decoder
+    from fpa_lightning.generation import continuation_text
+
     monkeypatch.chdir(tmp_path)
+    texts = ["And God said", "In the beginning God created the heaven", "Amen"]
     prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text('{"prompt": "And God said"}\n\n{"prompt": "In the beginning God created the heaven"}\n'
-                       '{"prompt": "Amen"}\n')
+    prompts.write_text(f'{{"prompt": "{texts[0]}"}}\n\n{{"prompt": "{texts[1]}"}}\n{{"prompt": "{texts[2]}"}}\n')
     out = tmp_path / "out" / "predictions.jsonl"
     main(["predict", "--config", str(QUICKSTART), *TINY_MODEL, "--trainer.logger=false", "--ckpt_path", ckpts["fpa"],
           "--data.class_path=datamodules.PromptDataModule", f"--data.init_args.prompts={prompts}",
           "--data.init_args.predict_batch_size=2", "--data.init_args.generation.max_new_tokens=4",
-          "--data.init_args.generation.temperature=0.8", "--data.init_args.generation.prune_threshold=-5",
-          f"--predictions.path={out}"])
+          "--data.init_args.generation.temperature=0", f"--predictions.path={out}"])
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["index"] for r in records] == [0, 1, 2]
-    assert [r["prompt"] for r in records] == ["And God said", "In the beginning God created the heaven", "Amen"]
-    assert all(r["new_tokens"] == 4 or r["ended"] for r in records)
-    assert all(isinstance(r["completion"], str) and 0 < r["kept_fraction"] <= 1 for r in records)
+    assert [r["prompt"] for r in records] == texts
+    decoder = load_decoder(ckpts["fpa"], torch.device("cpu")).decoder
+    for record, text in zip(records, texts):
+        prompt = [BOS_ID, *tokenizer.encode(text, add_special_tokens=False).ids]
+        expected = greedy_reference(decoder, prompt, 4, EOS_ID)
+        assert record["completion"] == continuation_text(tokenizer, prompt, prompt + expected, (BOS_ID, EOS_ID))
+        assert record["prompt_tokens"] == len(prompt) and record["new_tokens"] == len(expected)
+        assert record["ended"] == (expected[-1] == EOS_ID) and record["kept_fraction"] == 1.0
+    assert len({r["completion"] for r in records}) > 1  # the prompts are continued differently
 
 
 def test_prompt_files_and_settings_are_checked(tmp_path):

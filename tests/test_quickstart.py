@@ -3,7 +3,6 @@ import os
 import pathlib
 import subprocess
 import sys
-import time
 
 import pytest
 import yaml
@@ -51,14 +50,13 @@ def test_quickstart_smoke(tmp_path, monkeypatch):
 @pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("FPA_RUN_QUICKSTART") != "1", reason="the full quickstart takes ~3-5 minutes; "
                     "set FPA_RUN_QUICKSTART=1 to run it")
-def test_full_quickstart_under_five_minutes(tmp_path):
-    """README's promise: the command finishes in 5 minutes on 2 CPU cores and the validation loss falls."""
-    start = time.perf_counter()
+def test_full_quickstart_validation_loss_falls(tmp_path):
+    """README's quickstart command runs to the end and the validation loss falls. Its wall time (README: under 5
+    minutes on 2 CPU cores) is measured by ``benchmarks/data_latency.py --quickstart``, not asserted here: a loaded
+    machine would fail a correct program."""
     subprocess.run([sys.executable, str(REPO / "train.py"), "fit", "--config", str(QUICKSTART)],
                    cwd=tmp_path, check=True)
-    wall = time.perf_counter() - start
     val_loss = scalars(tmp_path / "runs" / "quickstart" / "version_0")["val/loss"]
-    print(f"quickstart: {wall:.0f} s wall; val/loss by step: {val_loss}")
-    assert wall <= 300
+    print(f"quickstart: val/loss by step: {val_loss}")
     losses = [val_loss[step] for step in sorted(val_loss)]
     assert len(losses) == 4 and losses[-1] < losses[0] and losses[-1] < 7.5  # initial loss is ln(32000) = 10.4

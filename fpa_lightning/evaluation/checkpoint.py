@@ -9,6 +9,7 @@ and works the same for any LightningModule that follows the contract.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 
 import torch
@@ -20,7 +21,30 @@ PREFIX = "model."
 
 
 class CheckpointError(ValueError):
-    """The checkpoint is missing, unreadable, or not a Decoder checkpoint of this project."""
+    """The checkpoint is missing, unreadable, or not a Decoder checkpoint of this project. The message is one line
+    that names the file and what to do."""
+
+
+FROM_TRAIN_PY = "give a checkpoint written by train.py (Lightning's <run>/checkpoints/*.ckpt)"
+OTHER_CODE = ("it was written by another model class or version of fpa-lightning: evaluate it with the code that "
+              "trained it")
+
+
+def _first_lines(text: str, limit: int = 200) -> str:
+    """An exception's text on one line: its first line, and its last one where that says more (torch's
+    weights-only refusal explains at length and names the cause last), at most `limit` characters each."""
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in str(text).splitlines()]
+    lines = [line for line in lines if line]
+    if not lines:
+        return ""
+    cause = [line for line in lines if "Unpickler error" in line]  # why torch refused a weights-only load
+    picked = cause[:1] if cause else [lines[0]] if len(lines) == 1 else [lines[0], lines[-1]]
+    return " ... ".join(line if len(line) <= limit else line[: limit - 3] + "..." for line in picked)
+
+
+def _names(keys: list[str], shown: int = 3) -> str:
+    listed = ", ".join(keys[:shown])
+    return f"{len(keys)} ({listed}{', ...' if len(keys) > shown else ''})"
 
 
 @dataclass
@@ -68,25 +92,39 @@ def load_decoder(path: str, device: torch.device, impl: str | None = None) -> Lo
     chunked path where the fused kernel cannot run (a CPU), and ``impl_note`` says so. Raises CheckpointError
     with the reason."""
     if not os.path.isfile(path):
-        raise CheckpointError(f"checkpoint {path!r} does not exist")
+        raise CheckpointError(f"checkpoint {path!r} does not exist: {FROM_TRAIN_PY}")
     try:
         # weights_only: a checkpoint holds tensors and plain containers; nothing in it needs unpickling code
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises several types for a corrupt / foreign file
-        raise CheckpointError(f"cannot read checkpoint {path!r}: {type(err).__name__}: {err}") from err
+        raise CheckpointError(f"cannot read checkpoint {path!r} ({type(err).__name__}: {_first_lines(err)}): "
+                              f"{FROM_TRAIN_PY}") from err
     model_hparams = _model_hparams(ckpt, path)
     cfg = _config(model_hparams, impl, path)
-    decoder, note = Decoder(cfg), None
+    try:
+        decoder, note = Decoder(cfg), None
+    except (TypeError, ValueError) as err:
+        raise CheckpointError(f"checkpoint {path!r}: its model hyper-parameters build no Decoder "
+                              f"({_first_lines(err)}); {OTHER_CODE}") from err
     if impl is None and cfg.attention.impl == "fused" and not _can_run(decoder, device):
         decoder = Decoder(_config(model_hparams, "chunked", path))
         note = (f"trained with impl=fused, which needs a CUDA GPU: the chunked path runs on {device.type} "
                 "(the same function, block-wise in PyTorch; --impl naive runs the reference)")
     weights = {k[len(PREFIX):]: v for k, v in ckpt["state_dict"].items() if k.startswith(PREFIX)}
+    shapes = {k: tuple(v.shape) for k, v in decoder.state_dict().items()}
+    wrong = [k for k, v in weights.items() if k in shapes and tuple(getattr(v, "shape", ())) != shapes[k]]
+    if wrong:  # load_state_dict would raise a multi-line RuntimeError
+        first = wrong[0]
+        raise CheckpointError(
+            f"checkpoint {path!r}: its weights do not fit the model its hyper-parameters describe: {_names(wrong)} "
+            f"tensors of another shape ({first}: {tuple(weights[first].shape)} in the file, {shapes[first]} in the "
+            f"model); {OTHER_CODE}")
     missing, unexpected = decoder.load_state_dict(weights, strict=False)
     # tied embeddings store lm_head.weight too (same tensor); any other mismatch means a different model
     if missing or unexpected:
-        raise CheckpointError(f"checkpoint {path!r} does not match its ModelConfig: missing {missing}, "
-                              f"unexpected {unexpected}")
+        found = [f"{what} {_names(keys)}" for what, keys in (("missing", missing), ("unexpected", unexpected)) if keys]
+        raise CheckpointError(f"checkpoint {path!r} does not match its ModelConfig: {', '.join(found)} weights; "
+                              f"{OTHER_CODE}")
     decoder.attention_impls(device)  # raises now (not mid-task) when the implementation cannot run there
     datamodule = ckpt.get("datamodule_hyper_parameters") or {}
     training = {"hyper_parameters": ckpt.get("hyper_parameters") or {}, "datamodule_hyper_parameters": datamodule,
@@ -101,7 +139,8 @@ def _config(model_hparams: dict, impl: str | None, path: str) -> ModelConfig:
     try:
         return ModelConfig(**model_hparams)
     except (TypeError, ValueError) as err:
-        raise CheckpointError(f"checkpoint {path!r}: invalid model hyper-parameters: {err}") from err
+        raise CheckpointError(f"checkpoint {path!r}: invalid model hyper-parameters ({_first_lines(err)}); "
+                              f"{OTHER_CODE}") from err
 
 
 def _can_run(decoder: Decoder, device: torch.device) -> bool:
@@ -113,13 +152,14 @@ def _can_run(decoder: Decoder, device: torch.device) -> bool:
 
 
 def _model_hparams(ckpt: object, path: str) -> dict:
-    if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
-        raise CheckpointError(f"{path!r} is not a Lightning checkpoint (no 'state_dict')")
+    if not isinstance(ckpt, dict) or not isinstance(ckpt.get("state_dict"), dict):
+        raise CheckpointError(f"{path!r} is not a Lightning checkpoint (no 'state_dict'): {FROM_TRAIN_PY}")
     hparams = ckpt.get("hyper_parameters") or {}
-    model = hparams.get("model")
+    model = hparams.get("model") if isinstance(hparams, dict) else None
     if not isinstance(model, dict):
+        found = sorted(map(str, hparams)) if isinstance(hparams, dict) else type(hparams).__name__
         raise CheckpointError(
-            f"checkpoint {path!r} has no 'model' hyper-parameters dict (asdict(ModelConfig)); "
-            f"found hyper-parameters {sorted(hparams)}"
+            f"checkpoint {path!r} has no 'model' hyper-parameters dict (asdict(ModelConfig)); found hyper-parameters "
+            f"{_first_lines(found)}: eval.py reads checkpoints of train.py's LanguageModel, {FROM_TRAIN_PY}"
         )
     return dict(model)

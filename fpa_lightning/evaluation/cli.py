@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import math
 import os
 import sys
@@ -17,7 +18,7 @@ import torch
 from fpa_lightning.config import IMPLS
 from fpa_lightning.evaluation.checkpoint import CheckpointError, LoadedModel, load_decoder
 from fpa_lightning.evaluation.data import EvalData
-from fpa_lightning.export import load_hf, model_card, save_hf
+from fpa_lightning.export import load_hf, model_card
 from fpa_lightning.evaluation.report import write_outputs
 from fpa_lightning.evaluation.scoring import Runtime
 from fpa_lightning.evaluation.tasks import TASKS
@@ -34,13 +35,19 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--task", choices=sorted(TASKS), help="which evaluation to run")
-    p.add_argument("--export", choices=("hf",), help="instead of a task: write the checkpoint as safetensors + "
-                   "config.json + model card (README.md) + tokenizer.json into --out")
+    p.add_argument("--export", choices=("hf",), help="instead of a task: write the checkpoint as a transformers "
+                   "model folder into --out (safetensors, config.json, the model's code for trust_remote_code, "
+                   "tokenizer, model card; needs the hf extra)")
+    p.add_argument("--overwrite", action="store_true", help="--export: replace the files of an --out folder that "
+                   "already holds some (default: refuse); --task: replace the task's earlier JSON and figures in "
+                   "--out (default: an existing result is an error)")
     p.add_argument("--ckpt", help="Lightning checkpoint of model A (every task but probes, which trains its models)")
     p.add_argument("--compare", metavar="CKPT_B", help="checkpoint of model B: same items, paired differences A − B")
     p.add_argument("--data", help="local data: folder (PG-19 / SlimPajama layout), file or glob of "
                    ".jsonl/.jsonl.gz/.jsonl.zst/.parquet with a 'text' field (default: the offline corpus's test split)")
-    p.add_argument("--out", help="output folder for the JSON and PNGs (default: eval_results/<task>-<ckpt name>)")
+    p.add_argument("--out", help="output folder for the JSON and PNGs (default: eval_results/<task>-<checkpoint>, "
+                   "the checkpoint named by its run folder, file name, global step and a hash of its path, plus "
+                   "-vs-<checkpoint B> with --compare); an existing result is never replaced without --overwrite")
     p.add_argument("--tensorboard", metavar="LOGDIR", help="also log scalars and figures to TensorBoard here")
     p.add_argument("--tokenizer", help="tokenizer.json (or SentencePiece .model) for prompts and data (default: "
                    "the one the checkpoint was trained with, recorded in it)")
@@ -125,7 +132,7 @@ def resolve_device(name: str) -> torch.device:
 
 def settings(args: argparse.Namespace) -> dict:
     """Every option as given (None = the task's default, resolved values are in the results)."""
-    skip = {"task", "ckpt", "compare", "data", "out", "tensorboard", "export"}
+    skip = {"task", "ckpt", "compare", "data", "out", "overwrite", "tensorboard", "export"}
     return {k: v for k, v in vars(args).items() if k not in skip}
 
 
@@ -173,25 +180,39 @@ def announce_setup(args: argparse.Namespace, models: list[LoadedModel], data: Ev
     sys.stderr.flush()
 
 
-def export(model: LoadedModel, data: EvalData, out_dir: str, impl: str | None) -> str:
-    """``--export hf``: write the export, reload it and check that the logits are identical; returns ``out_dir``.
-    The exported config keeps the implementation the model was trained with (``impl`` overrides it)."""
+def export(model: LoadedModel, data: EvalData, out_dir: str, impl: str | None, overwrite: bool) -> str:
+    """``--export hf``: write the transformers folder (``fpa_lightning.hf.export``), reload it with our loader and
+    with transformers and check that both give identical logits; returns ``out_dir``. The exported config keeps the
+    implementation the model was trained with (``impl`` overrides it)."""
+    try:
+        from fpa_lightning.hf.export import save_export
+        from fpa_lightning.hf.modeling import FPAForCausalLM
+    except ImportError as err:
+        raise ValueError(f"--export hf needs transformers: pip install -e \".[hf]\" ({err})") from err
     tokenizer = data.describe()["tokenizer"]
     card = model_card(model.decoder, os.path.abspath(model.path), model.global_step, model.training,
                       model.training.get("attention_impls"), tokenizer)
     trained = model.training["hyper_parameters"]["model"]["attention"]["impl"]
     cfg = model.decoder.cfg
     cfg = dataclasses.replace(cfg, attention=dataclasses.replace(cfg.attention, impl=impl or trained))
-    paths = save_hf(model.decoder, out_dir, card, data.tokenizer, data.bos_id, data.eos_id, cfg)
+    paths = save_export(model.decoder, out_dir, card, data.tokenizer, data.bos_id, data.eos_id, cfg, overwrite)
     device = next(model.decoder.parameters()).device
-    ids = torch.randint(3, model.decoder.cfg.vocab_size, (1, min(64, model.decoder.cfg.max_seq_len)), device=device)
-    reloaded = load_hf(out_dir, device, model.decoder.cfg.attention.impl)
+    ids = torch.randint(3, cfg.vocab_size, (1, min(64, cfg.max_seq_len)), device=device)
+    ours = load_hf(out_dir, device, model.decoder.cfg.attention.impl)
+    config = FPAForCausalLM.config_class.from_pretrained(out_dir)
+    config.attention["impl"] = model.decoder.cfg.attention.impl
+    theirs = FPAForCausalLM.from_pretrained(out_dir, config=config).to(device).eval()
     with torch.no_grad():
-        if not torch.equal(model.decoder(ids), reloaded(ids)):
+        logits = model.decoder(ids)
+        if not (torch.equal(logits, ours(ids)) and torch.equal(logits, theirs(ids).logits)):
             raise RuntimeError(f"{out_dir}: the reloaded export gives different logits")  # a bug: stop loudly
-    for kind, path in paths.items():
-        print(f"export: {kind:9s} {path}")
-    print(f"export: reloaded with fpa_lightning.export.load_hf: identical logits on {ids.shape[1]} tokens")
+    code = [p for name, p in paths.items() if name.endswith(".py")]
+    for name, path in paths.items():
+        if not name.endswith(".py"):
+            print(f"export: {path}")
+    print(f"export: {len(code)} source files for trust_remote_code=True, copied from the installed fpa_lightning")
+    print(f"export: reloaded with fpa_lightning.export.load_hf and with transformers (FPAForCausalLM): identical "
+          f"logits on {ids.shape[1]} tokens")
     return out_dir
 
 
@@ -205,7 +226,7 @@ def main(argv: list[str] | None, data_factory: Callable[[str | None, str | None]
         device = resolve_device(args.device)
         if args.export is not None:
             model = load_decoder(args.ckpt, device, args.impl)
-            return export(model, load_data(args, [model], data_factory), args.out, args.impl)
+            return export(model, load_data(args, [model], data_factory), args.out, args.impl, args.overwrite)
         task = TASKS[args.task]
         impl = task.impl or args.impl
         models = [load_decoder(path, device, impl) for path in filter(None, (args.ckpt, args.compare))]
@@ -215,8 +236,14 @@ def main(argv: list[str] | None, data_factory: Callable[[str | None, str | None]
     except (CheckpointError, ValueError, RuntimeError) as err:
         parser.error(str(err))
     runtime = Runtime(device, args.precision, args.seed, args.n_boot, args.confidence)
-    stem = os.path.splitext(os.path.basename(args.ckpt))[0] if args.ckpt else None
-    args.out = args.out or os.path.join("eval_results", f"{args.task}-{stem}" if stem else args.task)
+    args.out = args.out or default_out(args.task, models)
+    overwrite = args.overwrite or task.resumes
+    if not overwrite:
+        existing = existing_outputs(args.out, args.task)
+        if existing:
+            parser.error(f"{existing[0]} exists (an earlier result): pass --overwrite to replace it, or choose "
+                         "another --out")
+    data = DataErrors(data, args.data)
     announce_setup(args, models, data, device)
     started = time.time()
     try:
@@ -234,10 +261,81 @@ def main(argv: list[str] | None, data_factory: Callable[[str | None, str | None]
         "command": " ".join(["eval.py", *(sys.argv[1:] if argv is None else argv)]),
     }
     step = (models[0].global_step or 0) if models else 0
-    path = write_outputs(args.out, args.task, header, output, args.tensorboard, step)
+    try:
+        path = write_outputs(args.out, args.task, header, output, args.tensorboard, step, overwrite=overwrite)
+    except FileExistsError as err:  # written meanwhile by another run: still nothing is replaced
+        parser.exit(2, f"{parser.prog}: error: {err}; pass --overwrite to replace it, or choose another --out\n")
     print(output.table) if output.table is not None else print_summary(output.scalars)
     print(f"{args.task}: wrote {path}")
     return path
+
+
+def checkpoint_tag(model: LoadedModel) -> str:
+    """A checkpoint's name in a default output folder: its run folder (Lightning's ``<name>/version_N`` above
+    ``checkpoints/``), file name and global step, and a hash of its absolute path, so that two checkpoints never share
+    a folder (two runs' ``last.ckpt``, or one file re-saved at another step)."""
+    path = os.path.abspath(model.path)
+    folder = os.path.dirname(path)
+    if os.path.basename(folder) == "checkpoints":
+        folder = os.path.dirname(folder)
+    run = os.path.basename(folder)
+    if run.startswith("version_") and os.path.basename(os.path.dirname(folder)):
+        run = f"{os.path.basename(os.path.dirname(folder))}_{run}"
+    stem = os.path.splitext(os.path.basename(path))[0]
+    step = "" if model.global_step is None else f"-step{model.global_step}"
+    digest = hashlib.sha1(path.encode("utf-8")).hexdigest()[:8]
+    return "".join(c if c.isalnum() or c in "._=-" else "_" for c in f"{run}-{stem}{step}-{digest}")
+
+
+def default_out(task: str, models: list[LoadedModel]) -> str:
+    """eval_results/<task>-<checkpoint A>[-vs-<checkpoint B>] (eval_results/<task> for a task without one)."""
+    name = "-".join([task, *map(checkpoint_tag, models[:1])])
+    if len(models) > 1:
+        name += f"-vs-{checkpoint_tag(models[1])}"
+    return os.path.join("eval_results", name)
+
+
+def existing_outputs(out_dir: str, task: str) -> list[str]:
+    """The files of an earlier result of `task` in `out_dir` (its JSON and figures are named after the task)."""
+    if not os.path.isdir(out_dir):
+        return []
+    return sorted(os.path.join(out_dir, name) for name in os.listdir(out_dir)
+                  if os.path.splitext(name)[0] == task and name.endswith((".json", ".png")))
+
+
+class DataErrors:
+    """The task's data, with a KeyError from reading it (a parquet file without the text column) turned into a
+    ValueError that names the fix, so that the command line reports it as a data problem in one line."""
+
+    def __init__(self, data: EvalData, option: str | None):
+        self._data, self._option = data, option
+
+    def __getattr__(self, name: str):
+        return getattr(self._data, name)
+
+    def _error(self, err: KeyError) -> ValueError:
+        where = f"--data {self._option}" if self._option else "the default data"
+        detail = err.args[0] if err.args else err
+        return ValueError(f"{where}: {detail} (eval.py reads the documents' 'text' field: give files whose records "
+                          "have one)")
+
+    def texts(self, limit):
+        try:
+            return self._data.texts(limit)
+        except KeyError as err:
+            raise self._error(err) from err
+
+    def long_documents(self, tokens, min_tokens, limit):
+        try:
+            return self._data.long_documents(tokens, min_tokens, limit)
+        except KeyError as err:
+            raise self._error(err) from err
+
+    def test_sequences(self, seq_len, batch_size, limit):
+        try:
+            yield from self._data.test_sequences(seq_len, batch_size, limit)
+        except KeyError as err:
+            raise self._error(err) from err
 
 
 def print_summary(scalars: dict[str, float]) -> None:

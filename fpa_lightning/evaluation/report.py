@@ -9,6 +9,7 @@ from importlib import metadata
 
 import matplotlib.pyplot as plt
 
+from fpa_lightning.atomic import atomic_open
 from fpa_lightning.evaluation.tasks.common import TaskOutput
 
 
@@ -33,24 +34,35 @@ def json_safe(value):
     return value
 
 
+def write_json_atomic(path: str, record, **dump_kwargs) -> None:
+    """Write ``record`` as JSON to ``path`` atomically (``fpa_lightning.atomic``): a reader, or a crash, sees the old
+    file or the whole new one, never a part."""
+    with atomic_open(path) as f:
+        json.dump(record, f, **dump_kwargs)
+
+
 def write_outputs(out_dir: str, task: str, header: dict, output: TaskOutput, tensorboard: str | None,
-                  step: int = 0) -> str:
+                  step: int = 0, overwrite: bool = False) -> str:
     """Save the figures as PNG, then the JSON (header + results + figure file names); returns the JSON path.
 
-    Figures are named relative to the JSON's folder, so a result folder stays whole when it is moved or committed."""
+    Figures are named relative to the JSON's folder, so a result folder stays whole when it is moved or committed.
+    Without ``overwrite`` an existing file of the result is never replaced: FileExistsError (before anything is
+    written). The JSON is written atomically (``write_json_atomic``)."""
     os.makedirs(out_dir, exist_ok=True)
-    figures = {}
+    figures = {name: f"{name}.png" for name in output.figures}
+    path = os.path.join(out_dir, f"{task}.json")
+    if not overwrite:
+        for target in [*(os.path.join(out_dir, f) for f in figures.values()), path]:
+            if os.path.exists(target):
+                raise FileExistsError(f"{target} exists")
     for name, fig in output.figures.items():
-        figures[name] = f"{name}.png"
         fig.savefig(os.path.join(out_dir, figures[name]), dpi=120)
     if tensorboard is not None:
         _log_tensorboard(tensorboard, output, step)
     for fig in output.figures.values():
         plt.close(fig)
     record = {**header, "task": task, "results": output.results, "figures": figures, "versions": library_versions()}
-    path = os.path.join(out_dir, f"{task}.json")
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(json_safe(record), f, indent=1, allow_nan=False)
+    write_json_atomic(path, json_safe(record), indent=1, allow_nan=False)
     return path
 
 

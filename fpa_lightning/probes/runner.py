@@ -15,6 +15,7 @@ from multiprocessing import get_context
 
 import torch
 
+from fpa_lightning.atomic import atomic_open
 from fpa_lightning.probes.model import variant
 from fpa_lightning.probes.stats import sign_test, successes
 from fpa_lightning.probes.table import REFERENCE, Group
@@ -81,8 +82,7 @@ def run_rows(plan: list[tuple[Group, str]], seeds: list[int], budget: Budget, st
     def finished(n: int, i: int, record: dict) -> None:
         done[i] = record
         if partial is not None:
-            with open(partial, "w", encoding="utf-8") as f:
-                json.dump({"rows": [done[j] for j in sorted(done)]}, f)
+            write_json_atomic(partial, {"rows": [done[j] for j in sorted(done)]})
         elapsed = time.time() - started
         eta = elapsed / n * (len(todo) - n)
         log(f"[{n}/{len(todo)}] {record['group']} · {record['backend']}: {record['successes']}/{len(seeds)} seeds "
@@ -103,6 +103,13 @@ def run_rows(plan: list[tuple[Group, str]], seeds: list[int], budget: Budget, st
                 f"({group.probe.key}, {group.shape.describe()})")
             finished(n, i, row_record(*job, progress=_progress_printer(row_budget.steps, log)))
     return [done[i] for i in range(len(plan))]
+
+
+def write_json_atomic(path: str, record) -> None:
+    """JSON written atomically (``fpa_lightning.atomic``): an interrupted run leaves the previous file or the new one
+    whole, never a truncated one that the next run could not read back."""
+    with atomic_open(path) as f:
+        json.dump(record, f)
 
 
 def _worker_init(workers: int) -> None:

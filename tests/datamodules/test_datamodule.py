@@ -3,7 +3,6 @@
 import itertools
 import json
 import logging
-import time
 
 import lightning as L
 import numpy as np
@@ -44,12 +43,19 @@ def dm_for(folder, **kw):
     return TextDataModule(source=str(folder), **kw)
 
 
-def test_offline_corpus():
-    t = time.perf_counter()
+def test_offline_corpus(monkeypatch):
+    from datamodules import corpus
+
     folder = offline_corpus_dir()
-    assert time.perf_counter() - t < 30
-    t = time.perf_counter()
-    assert offline_corpus_dir() == folder and time.perf_counter() - t < 0.1  # cached
+    written = {f.name: f.stat().st_mtime_ns for f in folder.iterdir()}
+
+    def no_rebuild():
+        raise AssertionError("the cached corpus was not used: the books were read again")
+
+    monkeypatch.setattr(corpus, "kjv_books", no_rebuild)
+    assert offline_corpus_dir() == folder  # cached: the second call neither rebuilds nor rewrites anything
+    assert {f.name: f.stat().st_mtime_ns for f in folder.iterdir()} == written
+    monkeypatch.undo()
     counts = {s: sum(1 for _ in open(folder / f"{s}.jsonl")) for s in ("train", "validation", "test")}
     assert counts == {"train": 50, "validation": 8, "test": 8}
     dm = TextDataModule(seq_len=256, batch_size=8, num_workers=0)
@@ -57,13 +63,11 @@ def test_offline_corpus():
     assert len(long) >= 3 and all(len(d) == 16384 and d[0] == BOS_ID for d in long)
 
 
-def test_quickstart_batch_format_and_latency():
-    t = time.perf_counter()
+def test_quickstart_batch_format():
     dm = TextDataModule(seq_len=256, batch_size=8, num_workers=2)
     dm.prepare_data()
     dm.setup("fit")
     batches = take(dm.train_dataloader(), 3)
-    assert time.perf_counter() - t < 15
     b = batches[0]
     for k in ("input_ids", "labels", "segment_ids"):
         assert b[k].shape == (8, 256) and b[k].dtype == torch.long
@@ -231,10 +235,8 @@ def test_hub_id_offline_fails_fast_with_hint(monkeypatch):
     sources.require_hub("cerebras/SlimPajama-627B", what="data set", local_hint="-")  # reachable: no error
     monkeypatch.setattr(sources, "_hub_reachable", lambda *args, **kwargs: False)
     for cls in (SlimPajamaDataModule, PG19DataModule):
-        t = time.perf_counter()
         with pytest.raises(HubUnavailableError, match="train_files"):
             cls(num_workers=0).setup("fit")
-        assert time.perf_counter() - t < 1.0
 
 
 def test_slimpajama_local_zst_layout(tmp_path):
@@ -263,14 +265,13 @@ def test_pg19_parquet_layout_and_long_docs(tmp_path, tok):
     assert take(packed.val_dataloader(), 1)[0]["input_ids"].shape == (2, 128)
 
 
-def test_hub_code_path_streams_local_parquet_without_stall(tmp_path):
-    """The HF-datasets streaming path (used for hub ids), on local parquet shards, without the 5 s stall."""
+def test_hub_code_path_streams_local_parquet(tmp_path):
+    """The HF-datasets streaming path (used for hub ids), on local parquet shards: every record, split between shards.
+    Its speed (no 5 s stall) is measured by benchmarks/data_latency.py, not asserted here."""
     from datamodules.sources import hub_records
 
     files = [str(write_parquet(tmp_path / f"s{i}.parquet", make_docs(10, seed=i))) for i in range(4)]
-    t = time.perf_counter()
     per_shard = [list(hub_records("parquet", "train", "text", 2, s, 0, 0, data_files=files)) for s in (0, 1)]
-    assert time.perf_counter() - t < 4.0
     texts = [t for shard in per_shard for t, _ in shard]
     assert sorted(texts) == sorted(t for i in range(4) for t in make_docs(10, seed=i))
 
@@ -342,9 +343,7 @@ def test_4mb_document(tmp_path, tok):
     assert len(text) > 4_000_000
     write_jsonl(tmp_path / "validation.jsonl", [{"text": text}])
     dm = dm_for(tmp_path, seq_len=4096, batch_size=8)
-    t = time.perf_counter()
     (doc,) = list(dm.long_documents("validation", max_tokens=10**7))
-    assert time.perf_counter() - t < 10
     assert doc[0] == BOS_ID and doc[-1] == EOS_ID
     assert doc[1:-1].tolist() == tok.encode(text).ids  # pieces encoded apart == whole encoding
     assert dm.stats["validation"]["documents"] == 0  # long_documents does not count as a pass

@@ -1,8 +1,12 @@
 """eval.py end to end on tiny checkpoints: every task writes its JSON and PNG; bad arguments are clear errors."""
+import dataclasses
 import json
+import math
 import os
+import shutil
 
 import pytest
+import torch
 
 from eval import main
 
@@ -28,13 +32,48 @@ def words(n: int, seed: int) -> str:
     return " ".join(rng.choice(vocab) for _ in range(n))
 
 
+def decoder_of(path):
+    from fpa_lightning.evaluation.checkpoint import load_decoder
+
+    return load_decoder(path, torch.device("cpu")).decoder
+
+
+@torch.no_grad()
+def next_token_nll(decoder, ids: torch.Tensor) -> torch.Tensor:
+    """The reference loss: ids (B, L) -> (B, L − 1) float64, −log softmax of the full forward's logits at the next
+    token (not the tasks' chunked token_losses)."""
+    logits = decoder(ids[:, :-1]).double()
+    return -logits.log_softmax(-1).gather(-1, ids[:, 1:, None])[..., 0]
+
+
+def bucket_reference(decoder, docs: list[torch.Tensor], edges: list[int]) -> list[float]:
+    """Per bucket [a, b) of input positions: each document's mean loss over the positions it has there, then the
+    mean over the documents that reach the bucket."""
+    per_doc = [next_token_nll(decoder, doc[None])[0] for doc in docs]
+    out = []
+    for a, b in zip(edges, edges[1:]):
+        means = [float(nll[a:b].mean()) for nll in per_doc if nll.numel() > a]
+        out.append(sum(means) / len(means))
+    return out
+
+
 def test_pg19_long_on_the_offline_corpus_with_compare(tmp_path, ckpts):
+    from datamodules import EvalCorpus
+
     r = run(tmp_path, "pg", "--task", "pg19_long", "--ckpt", ckpts["fpa"], "--compare", ckpts["fox"],
             "--max-len", "128", "--max-docs", "3")
     res = r["results"]
     assert res["buckets"] == [[0, 2], [2, 4], [4, 8], [8, 16], [16, 32], [32, 64], [64, 128]]
     assert res["documents"] == 3 and res["books_per_bucket"] == [3] * 7
     assert [m["label"] for m in res["models"]] == ["A: fpa", "B: fox"]
+    # every bucket's loss is the full forward's mean next-token loss there, on the same documents
+    docs = EvalCorpus(None).long_documents(129, 129, 3)
+    assert [d.numel() for d in docs] == res["document_tokens"] == [129] * 3
+    edges = [0, 2, 4, 8, 16, 32, 64, 128]
+    for model, backend in zip(res["models"], ("fpa", "fox")):
+        expected = bucket_reference(decoder_of(ckpts[backend]), docs, edges)
+        assert [iv["estimate"] for iv in model["loss"]] == pytest.approx(expected, rel=1e-5, abs=1e-5), backend
+        assert all(iv["lower"] <= iv["estimate"] <= iv["upper"] for iv in model["loss"])
     for a, b, d in zip(res["models"][0]["loss"], res["models"][1]["loss"], res["difference"]):
         assert d["estimate"] == pytest.approx(a["estimate"] - b["estimate"])
         assert d["lower"] <= d["estimate"] <= d["upper"]
@@ -42,48 +81,165 @@ def test_pg19_long_on_the_offline_corpus_with_compare(tmp_path, ckpts):
     assert "offline" in r["data"]["source"]
 
 
-def test_pg19_long_on_local_parquet_with_custom_buckets(tmp_path, ckpts):
+def test_pg19_long_on_local_parquet_with_custom_buckets(tmp_path, ckpts, tokenizer):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from datamodules import BOS_ID, EOS_ID
+
     folder = tmp_path / "pg19" / "data"
     folder.mkdir(parents=True)
-    pq.write_table(pa.table({"text": [words(300, i) for i in range(3)] + ["too short"]}), folder / "test-00000.parquet")
+    books = [words(300, i) for i in range(3)]
+    pq.write_table(pa.table({"text": books + ["too short"]}), folder / "test-00000.parquet")
     r = run(tmp_path, "pg_local", "--task", "pg19_long", "--ckpt", ckpts["fpa"], "--data", str(tmp_path / "pg19"),
             "--max-len", "96", "--buckets", "0", "64", "96")
     assert r["results"]["documents"] == 3  # the short book is skipped (min tokens = max_len + 1)
     assert r["results"]["buckets"] == [[0, 64], [64, 96]] and "difference" not in r["results"]
+    # the reference reads the books itself: [BOS] text [EOS] with the tokenizer, the first 97 tokens
+    docs = [torch.tensor([BOS_ID, *tokenizer.encode(text).ids, EOS_ID])[:97] for text in books]
+    expected = bucket_reference(decoder_of(ckpts["fpa"]), docs, [0, 64, 96])
+    assert [iv["estimate"] for iv in r["results"]["models"][0]["loss"]] == pytest.approx(expected, rel=1e-5)
 
 
-def test_passkey_with_compare(tmp_path, ckpts):
+class CopyDecoder(torch.nn.Module):
+    """A checkpoint's Decoder whose predictions are replaced by a copying rule that solves the pass key by itself: at
+    t it finds the latest earlier j within the last `window` tokens whose trigram ends like t's and predicts the token
+    after j (all-zero logits, so token 0, when none is found). A window longer than the prompt answers every trial;
+    a window of 0 answers none; a window of 60 misses keys deeper than that. Everything else (config, parameters,
+    implementations) is the real Decoder's, so the command line runs unchanged."""
+
+    def __init__(self, decoder, window: int, vocab_size: int = 32000):
+        super().__init__()
+        self.inner, self.window = decoder, window
+        self.vocab_size = vocab_size if decoder is None else decoder.cfg.vocab_size
+        self.lm_head = torch.nn.Identity()
+
+    def __getattr__(self, name):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self.inner, name)
+
+    def features(self, ids: torch.Tensor, segment_ids=None) -> torch.Tensor:
+        logits = torch.zeros(*ids.shape, self.vocab_size)
+        for b, seq in enumerate(ids.tolist()):
+            for t in range(2, len(seq)):
+                for j in range(t - 1, max(1, t - self.window), -1):
+                    if seq[j - 2 : j + 1] == seq[t - 2 : t + 1]:
+                        logits[b, t, seq[j + 1]] = 1.0
+                        break
+        return logits
+
+
+def greedy_answer(model, prompt: torch.Tensor, steps: int) -> list[int]:
+    """The reference: append the argmax of the last position, one token at a time."""
+    ids, out = prompt[None].clone(), []
+    for _ in range(steps):
+        nxt = model.lm_head(model.features(ids))[0, -1].argmax()
+        out.append(int(nxt))
+        ids = torch.cat([ids, nxt.view(1, 1)], dim=1)
+    return out
+
+
+def test_passkey_with_compare(tmp_path, ckpts, monkeypatch, tokenizer):
+    """Success per trial, rates and McNemar counts against greedy decoding of models built to answer: A copies within
+    60 tokens (some keys are deeper), B copies from anywhere (every key)."""
+    from fpa_lightning.evaluation import cli
+    from fpa_lightning.evaluation.passkey import PasskeyBuilder
+
+    windows = {ckpts["fpa"]: 60, ckpts["sdpa"]: 10**6}
+    real_load = cli.load_decoder
+
+    def load_forced(path, device, impl=None):
+        loaded = real_load(path, device, impl)
+        return dataclasses.replace(loaded, decoder=CopyDecoder(loaded.decoder, windows[path]))
+
+    monkeypatch.setattr(cli, "load_decoder", load_forced)
     r = run(tmp_path, "pk", "--task", "passkey", "--ckpt", ckpts["fpa"], "--compare", ckpts["sdpa"],
             "--lengths", "128", "160", "--trials", "4", "--seed", "3")
     lengths = r["results"]["lengths"]
     assert [e["length"] for e in lengths] == [128, 160]
+    builder = PasskeyBuilder(tokenizer, bos_id=1)
+    pooled = {"both": 0, "neither": 0, "a_only": 0, "b_only": 0}
     for e in lengths:
-        assert len(e["trials"]) == 4 and all(t["tokens"] <= e["length"] for t in e["trials"])
-        for m in e["models"]:
-            assert m["n"] == 4 and m["successes"] == sum(m["success"])
+        trials = builder.trials(e["length"], 4, seed=3)
+        assert [(t["key"], t["depth"], t["tokens"]) for t in e["trials"]] == [(t.key, t.depth, t.length) for t in trials]
+        expected = []
+        for window in (60, 10**6):
+            model = CopyDecoder(None, window)
+            expected.append([greedy_answer(model, t.input_ids[: t.prompt_len], t.answer.numel()) == t.answer.tolist()
+                             for t in trials])
+        for m, wins in zip(e["models"], expected):
+            assert m["success"] == wins and m["successes"] == sum(wins) and m["n"] == 4
+            assert m["rate"]["estimate"] == sum(wins) / 4
             assert m["rate"]["lower"] <= m["rate"]["estimate"] <= m["rate"]["upper"]
-        assert set(e["mcnemar"]) >= {"p_two_sided", "p_a_better"}
-    assert r["results"]["mcnemar_pooled"]["both"] + r["results"]["mcnemar_pooled"]["neither"] \
-        + r["results"]["mcnemar_pooled"]["a_only"] + r["results"]["mcnemar_pooled"]["b_only"] == 8
+        assert all(expected[1])  # B, copying from anywhere, answers every trial
+        a, b = expected
+        counts = {"both": sum(x and y for x, y in zip(a, b)), "neither": sum(not x and not y for x, y in zip(a, b)),
+                  "a_only": sum(x and not y for x, y in zip(a, b)), "b_only": sum(y and not x for x, y in zip(a, b))}
+        assert {k: e["mcnemar"][k] for k in counts} == counts
+        pooled = {k: pooled[k] + counts[k] for k in counts}
+    assert {k: r["results"]["mcnemar_pooled"][k] for k in pooled} == pooled
+    assert 0 < pooled["both"] and 0 < pooled["b_only"]  # A both finds and misses keys: its outcomes are mixed
 
 
-def test_test_loss_on_slimpajama_layout_with_non_inferiority(tmp_path, ckpts):
+def expected_verdict(difference: dict, margin: float) -> str:
+    """The non-inferiority rule as documented (README, "Evaluation"): superior when the whole interval of A − B lies
+    below 0, non-inferior when its upper end lies below the margin, otherwise not shown."""
+    if difference["upper"] < 0:
+        return "superior"
+    return "non-inferior" if difference["upper"] < margin else "not shown non-inferior"
+
+
+@pytest.fixture
+def slim(tmp_path):
     import zstandard
 
     chunk = tmp_path / "slim" / "test" / "chunk1"
     chunk.mkdir(parents=True)
     lines = "".join(json.dumps({"text": words(120, i), "meta": {}}) + "\n" for i in range(6)).encode()
     (chunk / "example_test_0.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(lines))
+    return tmp_path / "slim"
+
+
+@pytest.fixture
+def worse_ckpt(tmp_path, ckpts):
+    """The fpa checkpoint with its final norm scaled by 30: the same model made far more confident, so its loss on
+    text is much higher (a checkpoint that is clearly worse, for a known verdict)."""
+    ckpt = torch.load(ckpts["fpa"], weights_only=True)
+    ckpt["state_dict"]["model.norm.weight"] = ckpt["state_dict"]["model.norm.weight"] * 30
+    path = tmp_path / "worse.ckpt"
+    torch.save(ckpt, path)
+    return str(path)
+
+
+def test_test_loss_on_slimpajama_layout_with_non_inferiority(tmp_path, ckpts, slim, worse_ckpt):
+    """The losses are the full forward's mean loss per sequence; the verdict follows the rule from the interval, and
+    cases with a known answer give it: A against itself (difference exactly 0: non-inferior), A against a clearly
+    worse B (superior) and the reverse (not shown non-inferior)."""
+    from datamodules import EvalCorpus
+
     r = run(tmp_path, "tl", "--task", "test_loss", "--ckpt", ckpts["fpa"], "--compare", ckpts["fox"],
-            "--data", str(tmp_path / "slim"), "--seq-len", "32", "--max-docs", "10", "--margin", "0.5")
+            "--data", str(slim), "--seq-len", "32", "--max-docs", "10", "--margin", "0.5")
     res = r["results"]
     assert res["sequences"] == 10 and res["seq_len"] == 32 and res["margin"] == 0.5
+    sequences = torch.cat([torch.cat([b["input_ids"], b["labels"][:, -1:]], dim=1)
+                           for b in EvalCorpus(str(slim)).test_sequences(32, 4, 10)])
+    assert sequences.shape == (10, 33)
+    for model, backend in zip(res["models"], ("fpa", "fox")):
+        per_sequence = next_token_nll(decoder_of(ckpts[backend]), sequences).mean(dim=1)
+        assert model["loss"]["estimate"] == pytest.approx(float(per_sequence.mean()), rel=1e-6), backend
     d = res["difference"]
     assert d["estimate"] == pytest.approx(res["models"][0]["loss"]["estimate"] - res["models"][1]["loss"]["estimate"])
-    assert res["verdict"] in ("superior", "non-inferior", "not shown non-inferior")
+    assert res["verdict"] == expected_verdict(d, 0.5)
+    verdicts = {}
+    for name, a, b in (("same", ckpts["fpa"], ckpts["fpa"]), ("better", ckpts["fpa"], worse_ckpt),
+                       ("worse", worse_ckpt, ckpts["fpa"])):
+        res = run(tmp_path, f"tl_{name}", "--task", "test_loss", "--ckpt", a, "--compare", b, "--data", str(slim),
+                  "--seq-len", "32", "--max-docs", "10", "--margin", "0.5")["results"]
+        assert res["verdict"] == expected_verdict(res["difference"], 0.5), name
+        verdicts[name] = res["verdict"]
+    assert verdicts == {"same": "non-inferior", "better": "superior", "worse": "not shown non-inferior"}
 
 
 def test_test_loss_offline_default_seq_len(tmp_path, ckpts):
@@ -157,10 +313,13 @@ def test_impl_override_is_recorded(tmp_path, ckpts):
 
 
 def error_of(capsys, argv) -> str:
+    """The error line of a refused command: exit code 2 and exactly one line ``eval.py: error: ...``."""
     with pytest.raises(SystemExit) as exc:
         main(argv)
     assert exc.value.code == 2
-    return capsys.readouterr().err
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("eval.py: error: ")]
+    assert len(lines) == 1, lines
+    return lines[0]
 
 
 def test_bad_arguments_are_clear_errors(tmp_path, ckpts, capsys):
@@ -171,11 +330,27 @@ def test_bad_arguments_are_clear_errors(tmp_path, ckpts, capsys):
 
     foreign = tmp_path / "foreign.ckpt"
     torch.save({"state_dict": {}, "hyper_parameters": {"lr": 1.0}}, foreign)
+    real = torch.load(fpa, weights_only=True)
+    other_shape = tmp_path / "other_shape.ckpt"  # hyper-parameters of a wider MLP than the weights
+    torch.save({**real, "hyper_parameters": {**real["hyper_parameters"],
+                                             "model": {**real["hyper_parameters"]["model"], "d_mlp": 96}}}, other_shape)
+    fewer = tmp_path / "fewer_layers.ckpt"  # the weights of one layer missing
+    torch.save({**real, "state_dict": {k: v for k, v in real["state_dict"].items() if ".blocks.1." not in k}}, fewer)
+    renamed = tmp_path / "renamed.ckpt"  # a hyper-parameter this version does not know
+    torch.save({**real, "hyper_parameters": {**real["hyper_parameters"],
+                                             "model": {**real["hyper_parameters"]["model"], "n_layers": 2}}}, renamed)
+    pickled = tmp_path / "pickled.ckpt"  # an object that needs unpickling code (refused by weights_only)
+    torch.save({**real, "extra": torch.nn.Identity()}, pickled)
+    fix = "evaluate it with the code that trained it"
     cases = [
         (["--task", "perplexity", "--ckpt", fpa], "invalid choice: 'perplexity'"),
         (["--task", "passkey", "--ckpt", str(tmp_path / "missing.ckpt")], "does not exist"),
         (["--task", "passkey", "--ckpt", str(garbage)], "cannot read checkpoint"),
+        (["--task", "passkey", "--ckpt", str(pickled)], "Unsupported global"),
         (["--task", "passkey", "--ckpt", str(foreign)], "no 'model' hyper-parameters"),
+        (["--task", "passkey", "--ckpt", str(other_shape)], "tensors of another shape"),
+        (["--task", "passkey", "--ckpt", fpa, "--compare", str(fewer)], "missing 9 ("),
+        (["--task", "passkey", "--ckpt", str(renamed)], "unexpected keyword argument 'n_layers'"),
         (["--task", "passkey", "--ckpt", fpa, "--margin", "0.01"], "--margin does not apply to --task passkey"),
         (["--task", "test_loss", "--ckpt", fpa, "--margin", "0.01"], "--margin needs --compare"),
         (["--task", "passkey", "--ckpt", fpa, "--lengths", "0"], "--lengths has invalid values [0]"),
@@ -190,7 +365,24 @@ def test_bad_arguments_are_clear_errors(tmp_path, ckpts, capsys):
     for argv, message in cases:
         if "CUDA" in message and torch.cuda.is_available():
             continue
-        assert message in error_of(capsys, argv), argv
+        line = error_of(capsys, argv)
+        assert message in line, argv
+        checkpoint = argv[-1] if "--compare" in argv else argv[argv.index("--ckpt") + 1]
+        if checkpoint.startswith(str(tmp_path)):  # a bad checkpoint: named, with what to do
+            assert repr(checkpoint) in line and ("train.py" in line or fix in line), line
+
+
+def test_a_parquet_without_the_text_column_is_a_clear_error(tmp_path, ckpts, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = tmp_path / "pg19" / "data"
+    folder.mkdir(parents=True)
+    pq.write_table(pa.table({"body": [words(300, 0)]}), folder / "test-00000.parquet")
+    line = error_of(capsys, ["--task", "pg19_long", "--ckpt", ckpts["fpa"], "--data", str(tmp_path / "pg19"),
+                             "--max-len", "64", "--out", str(tmp_path / "out")])
+    assert "no column 'text'" in line and "test-00000.parquet" in line and "'text' field" in line, line
+    assert not (tmp_path / "out").exists()
 
 
 def test_help_lists_the_tasks(capsys):
@@ -200,3 +392,54 @@ def test_help_lists_the_tasks(capsys):
     out = capsys.readouterr().out
     assert all(task in out for task in ("pg19_long", "passkey", "test_loss", "cache_prune", "ruler", "babilong",
                                         "lm_eval", "--export"))
+
+
+def test_default_folders_are_unique_per_checkpoint_and_nothing_is_overwritten(tmp_path, ckpts, monkeypatch, capsys):
+    """Two runs' last.ckpt get two default folders (run folder, step and a hash of the path in the name); a second
+    evaluation into a folder with a result is refused and leaves it untouched; --overwrite replaces it."""
+    monkeypatch.chdir(tmp_path)
+    paths = []
+    for run_name in ("alpha", "beta"):
+        folder = tmp_path / "runs" / run_name / "version_0" / "checkpoints"
+        folder.mkdir(parents=True)
+        paths.append(str(shutil.copy(ckpts["fpa"], folder / "last.ckpt")))
+    argv = ["--task", "passkey", "--lengths", "128", "--trials", "1", *FAST]
+    written = [main([*argv, "--ckpt", path]) for path in paths]
+    folders = [os.path.basename(os.path.dirname(p)) for p in written]
+    assert folders[0] != folders[1]
+    assert folders[0].startswith("passkey-alpha_version_0-last-step1-")
+    assert folders[1].startswith("passkey-beta_version_0-last-step1-")
+    compared = main([*argv, "--ckpt", paths[0], "--compare", paths[1]])
+    assert os.path.basename(os.path.dirname(compared)) == f"{folders[0]}-vs-{folders[1][len('passkey-'):]}"
+    before = {name: (tmp_path / os.path.dirname(written[0]) / name).read_bytes()
+              for name in ("passkey.json", "passkey.png")}
+    line = error_of(capsys, [*argv, "--ckpt", paths[0]])
+    assert "passkey.json exists" in line and "--overwrite" in line
+    after = {name: (tmp_path / os.path.dirname(written[0]) / name).read_bytes() for name in before}
+    assert after == before
+    (tmp_path / os.path.dirname(written[0]) / "passkey.json").unlink()  # a figure alone is protected too
+    assert "passkey.png exists" in error_of(capsys, [*argv, "--ckpt", paths[0]])
+    assert (tmp_path / os.path.dirname(written[0]) / "passkey.png").read_bytes() == before["passkey.png"]
+    assert main([*argv, "--ckpt", paths[0], "--overwrite"]) == written[0]
+    with open(written[0]) as f:
+        assert "--overwrite" in json.load(f)["command"]
+
+
+def test_write_outputs_refuses_to_replace_and_writes_json_atomically(tmp_path):
+    from fpa_lightning.evaluation.report import write_outputs
+    from fpa_lightning.evaluation.tasks.common import TaskOutput
+
+    out = tmp_path / "out"
+    path = write_outputs(str(out), "demo", {"command": "first"}, TaskOutput({"x": 1.0}), None)
+    original = (out / "demo.json").read_bytes()
+    with pytest.raises(FileExistsError, match="demo.json exists"):
+        write_outputs(str(out), "demo", {"command": "second"}, TaskOutput({"x": 2.0}), None)
+    assert (out / "demo.json").read_bytes() == original
+    # a record that fails half-way through serialisation leaves the earlier file whole, and no temporary file
+    with pytest.raises(TypeError):
+        write_outputs(str(out), "demo", {"command": "third"}, TaskOutput({"x": 3.0, "z": object()}), None,
+                      overwrite=True)
+    assert (out / "demo.json").read_bytes() == original and os.listdir(out) == ["demo.json"]
+    write_outputs(str(out), "demo", {"command": "fourth"}, TaskOutput({"x": 4.0}), None, overwrite=True)
+    with open(path) as f:
+        assert json.load(f)["results"] == {"x": 4.0}

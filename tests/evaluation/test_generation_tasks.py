@@ -3,6 +3,7 @@ the pruned KV cache."""
 import json
 
 import pytest
+import torch
 
 from eval import main
 
@@ -24,6 +25,42 @@ def test_generate_prints_the_continuation_and_its_speed(tmp_path, ckpts, capsys)
         assert [len(ids) for ids in model["new_token_ids"]] == [5, 5]  # random tiny models never say </s> here
         assert 0 < model["stats"]["kept_fraction"] <= 1 and model["stats"]["cache_bytes"] > 0
     assert r["results"]["settings"]["prune_threshold"] == -1.0
+
+
+@torch.no_grad()
+def greedy_reference(decoder, prompt: list[int], steps: int, eos_id: int) -> list[int]:
+    """Greedy decoding without a cache: the argmax of the full forward's last position, appended step by step (up to
+    and with EOS)."""
+    ids, new = list(prompt), []
+    for _ in range(steps):
+        nxt = int(decoder(torch.tensor([ids]))[0, -1].argmax())
+        new.append(nxt)
+        ids.append(nxt)
+        if nxt == eos_id:
+            break
+    return new
+
+
+def test_generate_is_greedy_decoding(tmp_path, ckpts, tokenizer, capsys):
+    """The new token ids of each model and prompt (a batch of unequal lengths, through the KV cache) equal greedy
+    decoding by full forward passes; the printed continuation is their text."""
+    from fpa_lightning.evaluation.checkpoint import load_decoder
+    from fpa_lightning.generation import continuation_text
+
+    prompts = ["And God said", "In the beginning God created the heaven and the earth"]
+    r = run(tmp_path, "greedy", "--task", "generate", "--ckpt", ckpts["fpa"], "--compare", ckpts["fox"],
+            "--prompt", *prompts, "--max-new-tokens", "6")
+    out = capsys.readouterr().out
+    eos = tokenizer.token_to_id("</s>")
+    for model, backend in zip(r["results"]["models"], ("fpa", "fox")):
+        decoder = load_decoder(ckpts[backend], torch.device("cpu")).decoder
+        for text, new_ids, continuation in zip(prompts, model["new_token_ids"], model["continuations"]):
+            prompt = [1, *tokenizer.encode(text, add_special_tokens=False).ids]
+            expected = greedy_reference(decoder, prompt, 6, eos)
+            assert new_ids == expected, (backend, text)
+            assert continuation == continuation_text(tokenizer, prompt, prompt + expected, (1, eos))
+            assert f"continuation: {continuation}" in out
+        assert model["stats"]["kept_fraction"] == 1.0  # nothing is evicted without --prune-threshold
 
 
 def test_cache_prune_real_eviction_matches_the_simulation(tmp_path, ckpts):

@@ -4,6 +4,7 @@ import json
 import os
 
 import pytest
+import torch
 
 from eval import main
 
@@ -11,7 +12,28 @@ TINY = ["--task", "probes", "--probes", "dip_duration", "--backends", "fpa", "fp
         "--steps", "3", "--train-batch", "4"]
 
 
-def test_a_tiny_table_trains_writes_json_and_resumes(tmp_path, capsys):
+def held_out_accuracy(model: torch.nn.Module, probe, n: int) -> float:
+    """The reference: one trained seed alone on the held-out sequences (generator seed 2, docs/probes.md), the
+    fraction of scored positions (label != -1) whose argmax class is the label."""
+    test = probe.sample(n, torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        predicted = model(test.tokens).argmax(-1)
+    scored = test.labels != -1
+    return (predicted[scored] == test.labels[scored]).double().mean().item()
+
+
+def test_a_tiny_table_trains_writes_json_and_resumes(tmp_path, capsys, monkeypatch):
+    from fpa_lightning.probes import runner
+
+    trained = {}  # (probe key, variant description) -> (probe, the trained seeds, held-out size)
+    real_train_row = runner.train_row
+
+    def keep_models(probe, variant, shape, seeds, budget, device, progress=None):
+        run = real_train_row(probe, variant, shape, seeds, budget, device, progress)
+        trained[(probe.key, variant.description)] = (probe, run.ensemble, budget.test)
+        return run
+
+    monkeypatch.setattr(runner, "train_row", keep_models)
     out = str(tmp_path / "probes")
     path = main([*TINY, "--out", out])
     with open(path) as f:
@@ -23,6 +45,12 @@ def test_a_tiny_table_trains_writes_json_and_resumes(tmp_path, capsys):
     for row in rows:
         assert row["seeds"] == [0, 1] and len(row["accuracies"]) == 2 and row["budget"]["steps"] == 3
         assert row["successes"] == sum(row["success"]) and row["probe"].startswith("dip_duration(")
+        # each seed's accuracy in the JSON, recomputed from that seed's trained model alone on the held-out set
+        probe, ensemble, n_test = trained[(row["probe"], row["variant"])]
+        for i, accuracy in enumerate(row["accuracies"]):
+            assert accuracy == pytest.approx(held_out_accuracy(ensemble.member(i), probe, n_test), abs=1e-9), row
+    accuracies = [a for row in rows for a in row["accuracies"]]
+    assert len(set(accuracies)) > 1 and 0 < min(accuracies) and max(accuracies) < 1  # 3 steps: not trivial values
     assert [(c["group"], c["a"], c["b"]) for c in comparisons] == [
         ("dip duration, variable", "fpa", "fpa_dipsum"), ("dip duration, fixed", "fpa", "fpa_dipsum")]
     assert 0 <= comparisons[0]["p_value"] <= 1 and record["checkpoint"] is None
@@ -49,3 +77,37 @@ def test_list_and_misuse(tmp_path, capsys):
         with pytest.raises(SystemExit):
             main([*argv, "--out", str(tmp_path / "x")])
         assert message in capsys.readouterr().err
+
+
+def test_the_partial_file_is_replaced_whole(tmp_path, monkeypatch):
+    """probes.partial.json is written through a temporary file and renamed: a write that breaks off (a full disk, a
+    kill) leaves the previous version whole, which the next run reads back."""
+    from fpa_lightning.probes import runner
+    from fpa_lightning.probes.table import select
+    from fpa_lightning.probes.train import Budget
+
+    plan = select(["dip_duration"], ["fpa", "fpa_dipsum"])
+    assert len(plan) == 4
+
+    def record(group, backend, seeds, budget, device, progress=None):  # no training: a finished row at once
+        return {**runner.row_identity(group, backend, seeds, budget), "accuracies": [0.5], "success": [False],
+                "successes": 0, "seconds": 0.0}
+
+    real_dump, calls = json.dump, []
+
+    def dump_that_breaks_off(obj, f, **kwargs):
+        calls.append(len(obj["rows"]))
+        if len(calls) == 3:  # the third save writes part of its text, then fails
+            f.write('{"rows": [')
+            raise OSError("No space left on device")
+        real_dump(obj, f, **kwargs)
+
+    monkeypatch.setattr(runner, "row_record", record)
+    monkeypatch.setattr(runner.json, "dump", dump_that_breaks_off)
+    partial = tmp_path / runner.PARTIAL
+    with pytest.raises(OSError, match="No space"):
+        runner.run_rows(plan, [0], Budget(steps=3), None, "cpu", [], log=lambda *a: None, partial=str(partial))
+    monkeypatch.setattr(runner.json, "dump", real_dump)
+    assert calls == [1, 2, 3]
+    assert len(runner.load_rows([str(tmp_path)])) == 2  # the rows saved before the failed write, readable
+    assert os.listdir(tmp_path) == [runner.PARTIAL]  # no temporary file left behind

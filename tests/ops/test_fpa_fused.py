@@ -404,6 +404,27 @@ def test_non_cuda_tensors_rejected_outside_interpreter(monkeypatch):
 
 
 # ------------------------------------------------------------------------------------------------
+# The GPU's tile size in the interpreter: 64-row tiles (the kernels' only GPU block config) and the GPU's 32-block
+# chunks, at T = 2·64 + 5, so queries and keys cross three tiles each (the last one partial), in fp32
+# ------------------------------------------------------------------------------------------------
+GPU_BLOCK, GPU_CHUNK = 64, 32
+
+
+@pytest.mark.parametrize("name,skip", [("min", None), ("query", None), ("dipsum", None), ("min+docs", None),
+                                       ("min", -1e30)])
+def test_64_row_tiles_match_reference(name, skip, monkeypatch):
+    # skip=-1e30 keeps every tile but runs the skipping configuration: backward sub-tiles of 32 rows inside the 64
+    monkeypatch.setattr(fused_mod, "_block_size", lambda: GPU_BLOCK)
+    monkeypatch.setattr(fused_mod, "_chunk", lambda: GPU_CHUNK)
+    assert fused_mod._constexprs(64, torch.float32, skip=False, level="key", reduction="min",
+                                 segments=False)["fwd"]["BS"] == GPU_BLOCK
+    T = 2 * GPU_BLOCK + 5
+    inputs, do = make_inputs(1, T, 1, 64, drift=-0.3, step=1.5, seed=13)
+    check_against_reference(inputs, do, torch.float32, DEV, variant=variant_kwargs(name, 1, T, seed=13),
+                            **({} if skip is None else {"skip_threshold": skip}))
+
+
+# ------------------------------------------------------------------------------------------------
 # GPU
 # ------------------------------------------------------------------------------------------------
 GPU_SHAPES = [  # (B, T, H, D)

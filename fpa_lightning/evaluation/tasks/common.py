@@ -48,6 +48,9 @@ class Task:
     """Adds the options only this task reads (each with default None, so that misuse can be detected)."""
     needs_checkpoint: bool = True
     """False for a task that trains its own models (probes): then --ckpt and --compare do not apply."""
+    resumes: bool = False
+    """True for a task that reads its earlier result in --out back and keeps all of it in the new one (probes): its
+    output folder is rewritten without --overwrite, since nothing in it is lost."""
 
 
 def label(model: LoadedModel, index: int) -> str:

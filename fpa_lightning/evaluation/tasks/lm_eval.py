@@ -24,7 +24,9 @@ BINARY_METRICS = ("acc", "acc_norm", "exact_match")  # per-document 0/1 metrics 
 def add_arguments(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--tasks", nargs="+", metavar="NAME", help="lm_eval: harness task names (default: "
                        f"{' '.join(PAPER_TASKS)}, which need the hub or its cache)")
-    group.add_argument("--include-path", metavar="DIR", help="lm_eval: folder of local task YAML files")
+    group.add_argument("--include-path", metavar="DIR", help="lm_eval: folder of local task YAML files; this runs "
+                       "Python from it: the harness imports the module a YAML's '!function module.name' names "
+                       "(module.py beside the YAML), so give only a folder you trust")
     group.add_argument("--num-fewshot", type=int, help="lm_eval: few-shot examples (default: each task's own)")
     group.add_argument("--limit", type=float, help="lm_eval: documents per task (a fraction if < 1)")
 

@@ -1,0 +1,50 @@
+"""Atomic file writes: every file the project writes for a user (results, checkpoints, exports, corpus parts) goes
+through ``atomic_open``, so a reader, or a crash, sees the old file or the whole new one, never a part of it."""
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+from collections.abc import Iterator
+from typing import IO
+
+
+@contextlib.contextmanager
+def atomic_open(path: str | os.PathLike, mode: str = "w", durable: bool = True) -> Iterator[IO]:
+    """Open a temporary file beside ``path`` (the same folder, so the final rename is atomic) for writing; on a clean
+    exit flush it, fsync it when ``durable``, and rename it over ``path`` (then fsync the folder, so the rename itself
+    survives a power cut). On an exception the temporary file is removed and ``path`` is untouched."""
+    if mode not in ("w", "wb"):
+        raise ValueError(f"atomic_open writes whole files: mode 'w' or 'wb', not {mode!r}")
+    path = os.fspath(path)
+    folder, name = os.path.split(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    tmp = os.path.join(folder, f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    try:
+        # "x": create, never truncate (the name is fresh); text files are UTF-8 whatever the locale
+        with open(tmp, "x", encoding="utf-8") if mode == "w" else open(tmp, "xb") as f:
+            yield f
+            f.flush()
+            if durable:
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    if durable:
+        _fsync_folder(folder)
+
+
+def _fsync_folder(folder: str) -> None:
+    """Make a rename durable (a no-op where folders cannot be opened, e.g. Windows)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -7,25 +7,12 @@ import torch
 
 from datamodules.prompts import read_prompts
 from fpa_lightning.generation import GenerationConfig
+from fpa_lightning.generation.naive import greedy_without_cache
 from train import main
 
 QUICKSTART = pathlib.Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
 TINY_MODEL = ["--model.model.n_layer=2", "--model.model.d_model=32", "--model.model.n_head=2",
               "--model.model.d_mlp=64", "--data.init_args.seq_len=64"]  # the shapes of the ckpts fixture
-
-
-@torch.no_grad()
-def greedy_reference(decoder, prompt: list[int], steps: int, eos_id: int) -> list[int]:
-    """Greedy decoding without a cache: the argmax of the full forward's last position, appended step by step (up to
-    and with EOS)."""
-    ids, new = list(prompt), []
-    for _ in range(steps):
-        nxt = int(decoder(torch.tensor([ids]))[0, -1].argmax())
-        new.append(nxt)
-        ids.append(nxt)
-        if nxt == eos_id:
-            break
-    return new
 
 
 def test_predict_writes_one_jsonl_line_per_prompt(tmp_path, monkeypatch, ckpts, tokenizer):
@@ -50,7 +37,7 @@ def test_predict_writes_one_jsonl_line_per_prompt(tmp_path, monkeypatch, ckpts, 
     decoder = load_decoder(ckpts["fpa"], torch.device("cpu")).decoder
     for record, text in zip(records, texts):
         prompt = [BOS_ID, *tokenizer.encode(text, add_special_tokens=False).ids]
-        expected = greedy_reference(decoder, prompt, 4, EOS_ID)
+        expected = greedy_without_cache(decoder, prompt, 4, EOS_ID)
         assert record["completion"] == continuation_text(tokenizer, prompt, prompt + expected, (BOS_ID, EOS_ID))
         assert record["prompt_tokens"] == len(prompt) and record["new_tokens"] == len(expected)
         assert record["ended"] == (expected[-1] == EOS_ID) and record["kept_fraction"] == 1.0

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from eval import main
+from fpa_lightning.generation.naive import greedy_without_cache
 
 FAST = ["--n-boot", "200"]
 
@@ -27,20 +28,6 @@ def test_generate_prints_the_continuation_and_its_speed(tmp_path, ckpts, capsys)
     assert r["results"]["settings"]["prune_threshold"] == -1.0
 
 
-@torch.no_grad()
-def greedy_reference(decoder, prompt: list[int], steps: int, eos_id: int) -> list[int]:
-    """Greedy decoding without a cache: the argmax of the full forward's last position, appended step by step (up to
-    and with EOS)."""
-    ids, new = list(prompt), []
-    for _ in range(steps):
-        nxt = int(decoder(torch.tensor([ids]))[0, -1].argmax())
-        new.append(nxt)
-        ids.append(nxt)
-        if nxt == eos_id:
-            break
-    return new
-
-
 def test_generate_is_greedy_decoding(tmp_path, ckpts, tokenizer, capsys):
     """The new token ids of each model and prompt (a batch of unequal lengths, through the KV cache) equal greedy
     decoding by full forward passes; the printed continuation is their text."""
@@ -56,7 +43,7 @@ def test_generate_is_greedy_decoding(tmp_path, ckpts, tokenizer, capsys):
         decoder = load_decoder(ckpts[backend], torch.device("cpu")).decoder
         for text, new_ids, continuation in zip(prompts, model["new_token_ids"], model["continuations"]):
             prompt = [1, *tokenizer.encode(text, add_special_tokens=False).ids]
-            expected = greedy_reference(decoder, prompt, 6, eos)
+            expected = greedy_without_cache(decoder, prompt, 6, eos)
             assert new_ids == expected, (backend, text)
             assert continuation == continuation_text(tokenizer, prompt, prompt + expected, (1, eos))
             assert f"continuation: {continuation}" in out

@@ -4,22 +4,12 @@ import json
 import os
 
 import pytest
-import torch
 
 from eval import main
+from _probe_reference import held_out_accuracy
 
 TINY = ["--task", "probes", "--probes", "dip_duration", "--backends", "fpa", "fpa_dipsum", "--seeds", "2",
         "--steps", "3", "--train-batch", "4"]
-
-
-def held_out_accuracy(model: torch.nn.Module, probe, n: int) -> float:
-    """The reference: one trained seed alone on the held-out sequences (generator seed 2, docs/probes.md), the
-    fraction of scored positions (label != -1) whose argmax class is the label."""
-    test = probe.sample(n, torch.Generator().manual_seed(2))
-    with torch.no_grad():
-        predicted = model(test.tokens).argmax(-1)
-    scored = test.labels != -1
-    return (predicted[scored] == test.labels[scored]).double().mean().item()
 
 
 def test_a_tiny_table_trains_writes_json_and_resumes(tmp_path, capsys, monkeypatch):

@@ -4,6 +4,7 @@ which other seeds run beside them, and the model is bounded as documented (q, k,
 import pytest
 import torch
 
+from _probe_reference import held_out_accuracy
 from fpa_lightning.probes.ladder import Ladder
 from fpa_lightning.probes.model import SeedEnsemble, Shape, variant
 from fpa_lightning.probes.train import Budget, make_model, per_seed_loss, train_row
@@ -57,16 +58,6 @@ def test_the_model_is_bounded():
     assert layer.backend.cfg.impl == "naive"
     with pytest.raises(ValueError, match="at least 2 layers"):
         make_model(PROBE, variant("fpa_nobias1"), Shape())
-
-
-def held_out_accuracy(model: torch.nn.Module, probe, n: int) -> float:
-    """The reference: one trained seed alone on the held-out sequences (generator seed 2, docs/probes.md), the
-    fraction of scored positions (label != -1) whose argmax class is the label."""
-    test = probe.sample(n, torch.Generator().manual_seed(2))
-    with torch.no_grad():
-        predicted = model(test.tokens).argmax(-1)
-    scored = test.labels != -1
-    return (predicted[scored] == test.labels[scored]).double().mean().item()
 
 
 def test_a_row_trains_and_learns_on_cpu():

@@ -106,10 +106,12 @@ eval_group() {
                    --lengths $(lengths $ruler_factors) --trials "$ruler_trials"; done ;;
     babilong)  for b in fox sdpa; do evaluate "babilong-fpa-$b" babilong fpa "$b" --data "$corpus/pg19" \
                    --lengths $(lengths 1 2 4) --trials "$ruler_trials"; done ;;
-    prune)     # FoX under the same thresholds; softmax with a sliding window of FPA's mean kept size
+    prune)     # FoX under the same thresholds; softmax with a sliding window of FPA's mean kept size. Pass keys under
+               # pruning are left out (PRUNE_PASSKEY=1 adds them): unpruned, every model scores 0 at every length
+               # (docs/lm_study.md), and they were four fifths of this step's tokens
+               passkey=(--passkey-lengths); [ "${PRUNE_PASSKEY:-0}" = 1 ] && passkey+=($(lengths 4 8) --trials "$trials")
                for b in fox sdpa; do evaluate "cache_prune-fpa-$b" cache_prune fpa "$b" --data "$corpus/pg19" \
-                   --thresholds -10 -5 --lengths $(lengths 1 4) --max-docs "$prune_docs" \
-                   --passkey-lengths $(lengths 4 8) --trials "$trials"; done ;;
+                   --thresholds -10 -5 --lengths $(lengths 1 4) --max-docs "$prune_docs" "${passkey[@]}"; done ;;
     evict)     # a subset through the real KV cache (keys evicted from storage), beside the masking simulation
                evaluate cache_prune_real-fpa-fox cache_prune fpa fox --data "$corpus/pg19" --real-eviction \
                    --thresholds -10 --lengths "$context" --max-docs "$real_eviction_docs" --passkey-lengths ;;

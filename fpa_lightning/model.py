@@ -151,17 +151,22 @@ class Decoder(nn.Module):
                 for (label, reason), layers in layers_by_reason.items()]
 
     @contextmanager
-    def bias_hooks(self, make_hook: Callable[[int], BiasHook]) -> Iterator[None]:
+    def bias_hooks(self, make_hook: Callable[[int], BiasHook], block_size: int | None = None) -> Iterator[None]:
         """Within the context, layer i passes every bias block through ``make_hook(i)`` (see ``BiasHook``): the
-        documented way to change attention biases from outside (cache pruning), never a patched forward."""
+        documented way to change attention biases from outside (cache pruning), never a patched forward.
+        block_size: query rows per hooked block (default: the layer's ``attention.block_size``). A hook that
+        carries its state from block to block gives the same result at any size; larger blocks launch fewer,
+        larger kernels (a GPU's speed) and hold (B, H, block_size, T) temporaries (its memory)."""
+        if block_size is not None and block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
         backends = [block.attn.backend for block in self.blocks]
         for layer, backend in enumerate(backends):
-            backend.bias_hook = make_hook(layer)
+            backend.bias_hook, backend.bias_hook_block_size = make_hook(layer), block_size
         try:
             yield
         finally:
             for backend in backends:
-                backend.bias_hook = None
+                backend.bias_hook, backend.bias_hook_block_size = None, None
 
     def has_bias(self) -> bool:
         """True when some attention layer has a bias of its own (False: plain softmax in every layer)."""

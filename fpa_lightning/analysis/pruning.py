@@ -59,20 +59,22 @@ class PruneRule:
 @dataclass
 class KeptStats:
     """Per layer: Σ over (batch, head, query) of kept/(t+1), the number of such rows, kept and causal pairs,
-    and pairs whose key was evicted although the bias is back above the threshold (non-monotone bias)."""
+    and pairs whose key was evicted although the bias is back above the threshold (non-monotone bias).
 
-    fraction_sum: list[float]
+    The sums stay on the model's device (0-dim tensors) until read: one host sync per read, not per block."""
+
+    fraction_sum: list[torch.Tensor | float]
     rows: list[int]
-    kept_pairs: list[int]
-    causal_pairs: list[int]
-    revived_pairs: list[int]
+    kept_pairs: list[torch.Tensor | int]
+    causal_pairs: list[torch.Tensor | int]
+    revived_pairs: list[torch.Tensor | int]
 
     @classmethod
     def empty(cls, n_layer: int) -> "KeptStats":
         return cls([0.0] * n_layer, [0] * n_layer, [0] * n_layer, [0] * n_layer, [0] * n_layer)
 
     def per_layer_fraction(self) -> list[float]:
-        return [f / r if r else float("nan") for f, r in zip(self.fraction_sum, self.rows)]
+        return [float(f) / r if r else float("nan") for f, r in zip(self.fraction_sum, self.rows)]
 
     def mean_fraction(self) -> float:
         """Mean over layers, heads and query positions of the fraction of the cache (t + 1 keys) kept."""
@@ -83,19 +85,20 @@ class KeptStats:
         return {
             "kept_fraction": self.mean_fraction(),
             "kept_fraction_per_layer": self.per_layer_fraction(),
-            "kept_pair_fraction": sum(self.kept_pairs) / max(1, sum(self.causal_pairs)),
-            "revived_pairs": sum(self.revived_pairs),
+            "kept_pair_fraction": sum(int(k) for k in self.kept_pairs) / max(1, sum(int(c) for c in self.causal_pairs)),
+            "revived_pairs": sum(int(r) for r in self.revived_pairs),
         }
 
 
 class PruningHook:
-    """The bias hook (``BiasHook``) of one layer under a prune rule: pairs whose key was evicted go to −inf.
+    """The bias hook (``BiasHook``) of one layer under a prune rule: pairs whose key was evicted go to −inf
+    (rule None: every key kept, the bias passed through and counted).
 
     Query blocks arrive in order (rows lo..hi-1 over keys 0..hi-1); the carry holds the per-key evicted flags
     (B, H or 1, lo) after row lo − 1, so a key rejected once stays out for every later query.
     """
 
-    def __init__(self, rule: PruneRule, stats: KeptStats, layer: int):
+    def __init__(self, rule: PruneRule | None, stats: KeptStats, layer: int):
         self.rule, self.stats, self.layer = rule, stats, layer
 
     def __call__(self, bias: torch.Tensor | None, rows: torch.Tensor, keys: torch.Tensor,
@@ -103,8 +106,8 @@ class PruningHook:
         hi = keys.shape[0]
         causal = keys[None, :] <= rows[:, None]  # (n, hi)
         newest = keys[None, :] == rows[:, None]
-        rejected = self.rule.rejected(bias, rows, keys)
-        if rejected is None:  # nothing is ever pruned in this layer: every key kept
+        rejected = None if self.rule is None else self.rule.rejected(bias, rows, keys)
+        if rejected is None:  # nothing is ever pruned in this layer (or no rule): every key kept
             self._count(causal[None, None], rows, causal, torch.zeros(()))
             return bias, evicted
         if bias is None:  # the window rule on a layer without a bias of its own
@@ -122,20 +125,25 @@ class PruningHook:
 
     def _count(self, kept: torch.Tensor, rows: torch.Tensor, causal: torch.Tensor, revived: torch.Tensor) -> None:
         stats, layer = self.stats, self.layer
-        kept_rows = kept.sum(dim=-1).float()  # (B, H or 1, n)
-        stats.fraction_sum[layer] += float((kept_rows / (rows + 1).float()).sum())
+        kept_rows = kept.sum(dim=-1)  # (B, H or 1, n), exact integer counts
+        # float64 sums on the device: no host sync per block, and no rounding drift over many blocks
+        stats.fraction_sum[layer] = stats.fraction_sum[layer] + (kept_rows / (rows + 1).double()).sum()
         stats.rows[layer] += kept_rows.numel()
-        stats.kept_pairs[layer] += int(kept_rows.sum())
-        stats.causal_pairs[layer] += int(causal.sum()) * (kept_rows.numel() // rows.shape[0])  # per (batch, head)
-        stats.revived_pairs[layer] += int(revived.sum())
+        stats.kept_pairs[layer] = stats.kept_pairs[layer] + kept_rows.sum()
+        per_head = kept_rows.numel() // rows.shape[0]  # (batch, head) pairs
+        stats.causal_pairs[layer] = stats.causal_pairs[layer] + causal.sum() * per_head
+        stats.revived_pairs[layer] = stats.revived_pairs[layer] + revived.sum()
 
 
 @contextmanager
-def pruned_cache(decoder: Decoder, rule: PruneRule) -> Iterator[KeptStats]:
+def pruned_cache(decoder: Decoder, rule: PruneRule | None, block_size: int | None = None) -> Iterator[KeptStats]:
     """Within the context every attention layer of ``decoder`` runs with the pruning rule; yields the kept-key
-    statistics, accumulated over every forward pass made inside the context."""
+    statistics, accumulated over every forward pass made inside the context.
+
+    rule None keeps every key: the same hooked path unpruned, the exact partner of a pruned pass (same blocks,
+    same rounding). block_size: query rows per block (``Decoder.bias_hooks``); the result does not depend on it."""
     stats = KeptStats.empty(len(decoder.blocks))
-    with decoder.bias_hooks(lambda layer: PruningHook(rule, stats, layer)):
+    with decoder.bias_hooks(lambda layer: PruningHook(rule, stats, layer), block_size):
         yield stats
 
 

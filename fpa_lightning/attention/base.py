@@ -102,6 +102,7 @@ class AttentionBackend(nn.Module):
         if self.alibi:
             self.register_buffer("alibi_slope", alibi_slopes(n_head), persistent=False)
         self.bias_hook: BiasHook | None = None
+        self.bias_hook_block_size: int | None = None  # query rows per hooked block; None: cfg.block_size
 
     # --- what a subclass provides -------------------------------------------------------------------
     def ingredients(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
@@ -211,7 +212,8 @@ class AttentionBackend(nn.Module):
             bias, hook_carry = self.bias_hook(bias, rows, keys, hook_carry)
             return bias, (inner, hook_carry)
 
-        return blockwise_attention(q, k, v, bias_block, scale=self.scale, block_size=self.cfg.block_size,
+        return blockwise_attention(q, k, v, bias_block, scale=self.scale,
+                                   block_size=self.bias_hook_block_size or self.cfg.block_size,
                                    segment_ids=segment_ids)
 
     # --- decoding with a KV cache (fpa_lightning.generation) ------------------------------------------

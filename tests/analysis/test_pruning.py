@@ -53,7 +53,7 @@ def test_threshold_zero_keeps_exactly_the_alive_keys(ckpts, ids):
     alive = [(p.bias() == 0) for p in probes]  # (B, H, T, T) incl. the diagonal
     with pruned_cache(decoder, PruneRule(threshold=0.0)) as stats:
         pruned = losses(decoder, ids)
-    assert stats.kept_pairs == [int(a.sum()) for a in alive]
+    assert [int(k) for k in stats.kept_pairs] == [int(a.sum()) for a in alive]
     t1 = torch.arange(1, T + 1)
     expected = [float((a.sum(-1) / t1).mean()) for a in alive]
     assert stats.per_layer_fraction() == pytest.approx(expected, rel=1e-6)
@@ -127,3 +127,37 @@ def test_rule_needs_exactly_one_setting():
         PruneRule(threshold=-10.0, window=5)
     with pytest.raises(ValueError, match="window"):
         PruneRule(window=0)
+
+
+@pytest.mark.parametrize("backend", ["fpa", "fox", "sdpa"])
+def test_block_size_changes_nothing(ckpts, ids, backend):
+    """The eviction flags carry from block to block, so blocks of 7 rows, the layer's 16 and all T rows at once
+    give the same losses (to float32 rounding of the block-wise softmax) and exactly the same kept counts."""
+    decoder = model(ckpts, backend)
+    rule = PruneRule(window=10) if backend == "sdpa" else PruneRule(threshold=-1.0)
+    results = []
+    for block_size in (7, None, T):
+        with pruned_cache(decoder, rule, block_size) as stats:
+            results.append((losses(decoder, ids), stats.as_dict()))
+    (reference, kept), others = results[0], results[1:]
+    assert 0.05 < kept["kept_pair_fraction"] < 0.95  # the rule prunes, so the flags' carry is exercised
+    for pruned, other_kept in others:
+        torch.testing.assert_close(pruned, reference, rtol=1e-5, atol=1e-5)
+        assert other_kept["kept_pair_fraction"] == kept["kept_pair_fraction"]
+        assert other_kept["kept_fraction_per_layer"] == pytest.approx(kept["kept_fraction_per_layer"], rel=1e-12)
+
+
+def test_no_rule_is_the_unhooked_forward(ckpts, ids):
+    """rule None: every key kept on the hooked path, the unpruned partner of a pruned pass."""
+    decoder = model(ckpts, "fpa")
+    reference = losses(decoder, ids)
+    with pruned_cache(decoder, None, 32) as stats:
+        unpruned = losses(decoder, ids)
+    torch.testing.assert_close(unpruned, reference, rtol=1e-5, atol=1e-5)
+    assert stats.mean_fraction() == 1.0
+
+
+def test_block_size_must_be_positive(ckpts):
+    with pytest.raises(ValueError, match="block_size must be >= 1"):
+        with pruned_cache(model(ckpts, "fpa"), None, 0):
+            pass

@@ -21,36 +21,46 @@ from fpa_lightning.evaluation.tasks.passkey import score_all
 from fpa_lightning.generation.session import cached_token_losses
 
 DEFAULT_LENGTHS = [2048, 8192]
+DEFAULT_BLOCK_ROWS = 512  # query rows per block of the simulation: on an H200, 64-row blocks spent their time
+#                           launching small kernels (4.4–4.8k tokens/s in docs/lm_study.md's first run)
 
 
 def run(args: argparse.Namespace, models: list[LoadedModel], runtime: Runtime, data: EvalData) -> TaskOutput:
     passkey_lengths = [8192, 16384] if args.passkey_lengths is None else args.passkey_lengths
     return cache_prune(models, runtime, data, args.lengths or DEFAULT_LENGTHS,
                        args.thresholds or [-10.0, -20.0, -5.0, -2.0, -1.0], args.window, passkey_lengths,
-                       args.trials or 100, args.max_docs, real_eviction=bool(args.real_eviction))
+                       args.trials or 100, args.max_docs, real_eviction=bool(args.real_eviction),
+                       block_rows=args.block_rows or DEFAULT_BLOCK_ROWS)
 
 
 def add_arguments(group) -> None:
     group.add_argument("--real-eviction", action="store_const", const=True, help="cache_prune: also decode every "
                        "document through the real KV cache (keys evicted from storage) and report its loss and kept "
                        "fraction beside the simulation's, on the same documents")
+    group.add_argument("--block-rows", type=int, help="cache_prune: query rows per block of the pruning simulation "
+                       f"(default {DEFAULT_BLOCK_ROWS}); the results do not depend on it, its memory grows with it "
+                       "(batch × heads × rows × length per temporary)")
 
 
 def check(args: argparse.Namespace, models: list[LoadedModel]) -> None:
     check_prune_setup(models, args.window)
+    if args.block_rows is not None and args.block_rows < 1:
+        raise ValueError(f"--block-rows must be >= 1, got {args.block_rows}")
 
 
 def has_bias(model: LoadedModel) -> bool:
     return model.decoder.has_bias()
 
 
-def _doc_losses(model: LoadedModel, docs: list, runtime: Runtime, bar: Progress, index: int) -> np.ndarray:
-    """Mean loss per document, (N,)."""
+def _doc_losses(model: LoadedModel, docs: list, runtime: Runtime, bar: Progress, index: int,
+                rule: PruneRule | None, block_rows: int) -> tuple[np.ndarray, dict]:
+    """Mean loss per document, (N,), under `rule` (None: unpruned, on the same hooked path), and the kept stats."""
     losses = []
-    for d in docs:
-        losses.append(float(token_losses(model.decoder, d[None], runtime).mean()))
-        bar.advance(d.numel(), index)
-    return np.array(losses)
+    with pruned_cache(model.decoder, rule, block_rows) as stats:
+        for d in docs:
+            losses.append(float(token_losses(model.decoder, d[None], runtime).mean()))
+            bar.advance(d.numel(), index)
+    return np.array(losses), stats.as_dict()
 
 
 def _work(models: list[LoadedModel], docs_at: dict, n_rules: int, window: int | None,
@@ -84,7 +94,8 @@ def check_prune_setup(models: list[LoadedModel], window: int | None) -> None:
 
 def cache_prune(models: list[LoadedModel], runtime: Runtime, data: EvalData, lengths: list[int],
                 thresholds: list[float], window: int | None, passkey_lengths: list[int], n_trials: int,
-                max_docs: int | None, real_eviction: bool = False) -> TaskOutput:
+                max_docs: int | None, real_eviction: bool = False,
+                block_rows: int = DEFAULT_BLOCK_ROWS) -> TaskOutput:
     """Loss increase from dropping keys whose bias fell below each threshold (bootstrap over documents, paired
     with the unpruned pass on the same chunked path) and the mean fraction of keys kept; softmax gets a
     sliding window of the same mean kept fraction. Then pass-key success with the first threshold.
@@ -106,13 +117,11 @@ def cache_prune(models: list[LoadedModel], runtime: Runtime, data: EvalData, len
             m = models[i]
             check_vocab(m.decoder, max(int(d.max()) for d in docs))
             bar.set_stage(f"{length} {'AB'[i]}")
-            # the same chunked path, unpatched: pairs with each pruned pass
-            base = _doc_losses(m, docs, runtime, bar, i)
+            # the same hooked path with every key kept: pairs with each pruned pass
+            base, _ = _doc_losses(m, docs, runtime, bar, i, None, block_rows)
             rows = []
             for rule in _rules(m, thresholds, fractions, window, length):
-                with pruned_cache(m.decoder, rule) as stats:
-                    losses = _doc_losses(m, docs, runtime, bar, i)
-                kept = stats.as_dict()
+                losses, kept = _doc_losses(m, docs, runtime, bar, i, rule, block_rows)
                 rows.append({"rule": rule.describe(), "loss": intervals(losses, runtime)[0].as_dict(),
                              "increase": intervals(losses - base, runtime)[0].as_dict(), **kept})
                 if real_eviction:
@@ -128,7 +137,7 @@ def cache_prune(models: list[LoadedModel], runtime: Runtime, data: EvalData, len
         per_length.append(entry)
     results = {"lengths": per_length,
                "passkey": _pruned_passkey(models, order, runtime, builder, thresholds[0], window, passkey_lengths,
-                                          n_trials, bar)}
+                                          n_trials, bar, block_rows)}
     bar.close()
     for e in results["passkey"]:
         for i, r in enumerate(e["models"]):
@@ -162,7 +171,7 @@ def _rule_tag(rule: PruneRule) -> str:
 
 def _pruned_passkey(models: list[LoadedModel], order: list[int], runtime: Runtime, builder: PasskeyBuilder,
                     threshold: float, window: int | None, lengths: list[int], n_trials: int,
-                    bar: Progress) -> list[dict]:
+                    bar: Progress, block_rows: int) -> list[dict]:
     """Pass-key success with the primary threshold (softmax: the window of the partner's kept fraction)."""
     out = []
     for length in lengths:
@@ -173,7 +182,7 @@ def _pruned_passkey(models: list[LoadedModel], order: list[int], runtime: Runtim
             check_vocab(m.decoder, max(int(t.input_ids.max()) for t in trials))
             rule = _rules(m, [threshold], [fraction] if fraction is not None else None, window, length)[0]
             bar.set_stage(f"pass key {length} {'AB'[i]}")
-            with pruned_cache(m.decoder, rule) as stats:
+            with pruned_cache(m.decoder, rule, block_rows) as stats:
                 wins = [s.success for s in score_all(m, trials, runtime, bar, i)]
             kept = stats.as_dict()
             fraction = kept["kept_fraction"] if fraction is None and has_bias(m) else fraction
@@ -205,4 +214,4 @@ def _plot_prune(results: dict) -> plt.Figure:
 
 TASK = Task("loss increase and kept fraction when keys whose bias fell below a threshold are dropped",
             frozenset({"lengths", "trials", "thresholds", "window", "passkey_lengths", "max_docs", "data",
-                       "real_eviction"}), run, check=check, impl="chunked", add_arguments=add_arguments)
+                       "real_eviction", "block_rows"}), run, check=check, impl="chunked", add_arguments=add_arguments)

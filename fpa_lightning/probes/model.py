@@ -3,7 +3,10 @@
 The model is deliberately of bounded capacity (docs/probes.md, "The probe model"): token embedding → L layers of the
 project's own ``CausalSelfAttention`` (H heads whose q, k and v all have width d; the backend from the registry) with
 residual connections → a linear readout of the attention outputs (plus the token embedding only where a probe says
-so). No MLP and no normalisation: whatever the probe needs must be done by attention and its bias.
+so). By default no MLP, no normalisation and no position embedding: whatever the probe needs must be done by attention
+and its bias. A ``Shape`` can add each of them for the rows that need them: a learned absolute position embedding
+gives the backends without a positional code (NoPE, FoX, ALiBi) a way to locate positions, so that a capacity row's
+control can pass; MLP and normalisation give MQAR the paper's regime (a full transformer block).
 """
 from __future__ import annotations
 
@@ -76,14 +79,27 @@ class Shape:
     layers: int = 1
     width: int = 32
     """The embedding (residual) width; the gates and q/k/v projections read it."""
+    positions: int = 0
+    """A learned absolute position embedding for sequences up to this length, added to the token embedding
+    (0: none, the default)."""
+    mlp: int = 0
+    """Hidden width of a GELU MLP after each attention layer, in its own residual branch (0: no MLP)."""
+    norm: bool = False
+    """Pre-norm (LayerNorm) before each attention layer and MLP, and before the readout."""
 
     def __post_init__(self):
         for name in ("heads", "head_dim", "layers", "width"):
             if getattr(self, name) < 1:
                 raise ValueError(f"probe model {name} must be positive, got {getattr(self, name)}")
+        for name in ("positions", "mlp"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"probe model {name} must be >= 0 (0: none), got {getattr(self, name)}")
 
     def describe(self) -> str:
-        return f"{self.layers} layer(s), H={self.heads}, d={self.head_dim}, width {self.width}"
+        extras = [f"positions {self.positions}" if self.positions else "", f"MLP {self.mlp}" if self.mlp else "",
+                  "LayerNorm" if self.norm else ""]
+        return ", ".join([f"{self.layers} layer(s), H={self.heads}, d={self.head_dim}, width {self.width}",
+                          *filter(None, extras)])
 
 
 @dataclass(frozen=True)
@@ -105,17 +121,34 @@ class ProbeModel(nn.Module):
         self.reads_token = reads_token
         layer_shape = _LayerShape(shape.width, shape.heads, shape.head_dim, attention)
         self.embed = nn.Embedding(vocab_size, shape.width)  # N(0, 1)
+        self.position = nn.Embedding(shape.positions, shape.width) if shape.positions else None
         self.layers = nn.ModuleList(CausalSelfAttention(layer_shape, i) for i in range(shape.layers))
+        self.mlps = nn.ModuleList(nn.Sequential(nn.Linear(shape.width, shape.mlp), nn.GELU(),
+                                                nn.Linear(shape.mlp, shape.width)) for _ in range(shape.layers)) \
+            if shape.mlp else None
+        norm = (lambda: nn.LayerNorm(shape.width)) if shape.norm else nn.Identity
+        self.attn_norms = nn.ModuleList(norm() for _ in range(shape.layers))
+        self.ffn_norms = nn.ModuleList(norm() for _ in range(shape.layers))
+        self.final_norm = norm()
         self.readout = nn.Linear(shape.width, n_classes)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x = self.embed(tokens)  # (B, T, C)
+        if self.position is not None:
+            if tokens.shape[-1] > self.position.num_embeddings:
+                raise ValueError(f"sequence of {tokens.shape[-1]} tokens, but the position embedding has "
+                                 f"{self.position.num_embeddings} positions (Shape.positions)")
+            x = x + self.position.weight[: tokens.shape[-1]]
+        # the readout sees what the blocks wrote (and the input embedding only where the probe allows it), so a
+        # probe's answer cannot be read off the current token by a model without attention
         read = x if self.reads_token else torch.zeros_like(x)
-        for layer in self.layers:
-            out = layer(x)
+        for i, layer in enumerate(self.layers):
+            out = layer(self.attn_norms[i](x))
+            if self.mlps is not None:
+                out = out + self.mlps[i](self.ffn_norms[i](x + out))
             x = x + out
             read = read + out
-        return self.readout(read)
+        return self.readout(self.final_norm(read))
 
 
 class SeedEnsemble(nn.Module):

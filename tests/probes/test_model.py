@@ -54,7 +54,9 @@ def test_the_model_is_bounded():
     model = make_model(PROBE, variant("fpa"), Shape(heads=1, head_dim=4, width=32))
     layer = model.layers[0]
     assert layer.qkv.weight.shape == (3 * 4, 32) and layer.out.weight.shape == (32, 4)
-    assert not any(isinstance(m, torch.nn.GELU) or "mlp" in name for name, m in model.named_modules())
+    assert not any(isinstance(m, (torch.nn.GELU, torch.nn.LayerNorm)) or "mlp" in name
+                   for name, m in model.named_modules())
+    assert model.position is None
     assert layer.backend.cfg.impl == "naive"
     with pytest.raises(ValueError, match="at least 2 layers"):
         make_model(PROBE, variant("fpa_nobias1"), Shape())
@@ -69,3 +71,25 @@ def test_a_row_trains_and_learns_on_cpu():
         assert accuracy == pytest.approx(held_out_accuracy(run.ensemble.member(i), probe, 256), abs=1e-12)
     assert max(run.final_loss) < 0.69  # below chance (ln 2): it learned something in 60 steps
     assert min(run.accuracies) > 0.6  # and scores above chance on sequences it never saw
+
+
+def test_optional_positions_mlp_and_norm():
+    """Shape(positions, mlp, norm) adds a learned position embedding, a GELU MLP and pre-norms; each is used."""
+    shape = Shape(heads=1, head_dim=4, width=16, layers=2, positions=12, mlp=24, norm=True)
+    model = make_model(PROBE, variant("nope"), shape)
+    assert model.position.weight.shape == (12, 16) and len(model.mlps) == 2
+    assert sum(isinstance(m, torch.nn.LayerNorm) for m in model.modules()) == 5  # 2 × (attention, MLP) + final
+    tokens = torch.randint(0, PROBE.vocab_size, (3, 10))
+    logits = model(tokens)
+    logits.sum().backward()
+    for name, p in model.named_parameters():  # every added part reaches the output
+        if name.startswith(("position", "mlps", "attn_norms", "ffn_norms", "final_norm")):
+            assert p.grad is not None and p.grad.abs().sum() > 0, name
+    with torch.no_grad():  # NoPE + positions: the same token at two places now differs
+        same = torch.full((1, 10), 1)
+        out = model(same)
+        assert not torch.allclose(out[0, 3], out[0, 7])
+    with pytest.raises(ValueError, match="position embedding has 12 positions"):
+        model(torch.randint(0, PROBE.vocab_size, (1, 13)))
+    with pytest.raises(ValueError, match="mlp must be >= 0"):
+        Shape(mlp=-1)

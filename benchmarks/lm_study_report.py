@@ -6,7 +6,12 @@ copied from those files), OUT/tables.md (rendered from results.json alone) and f
 loss_by_position.png, passkey.png, keys_kept_vs_loss.png.
 
     python benchmarks/lm_study_report.py RESULTS --out docs/lm_study
+    python benchmarks/lm_study_report.py RESULTS --second RESULTS2 --out docs/lm_study
     python benchmarks/lm_study_report.py --check docs/lm_study   # tables.md == render(results.json), else diff, exit 1
+
+--second: a later run of the same script (the same configs trained again, on another machine lease): each
+evaluation that RESULTS lacks is taken from it and marked as measured on the second training, and the second
+training's final losses are listed beside the first's (how far two trainings of one config land apart).
 """
 from __future__ import annotations
 
@@ -169,8 +174,28 @@ EXTRACT = {"test_loss": extract_losses, "pg19_long": extract_losses, "passkey": 
            "generate": extract_generate, "lm_eval": extract_lm_eval}
 
 
-def collect(results_dir: str | pathlib.Path) -> dict:
-    """Every number of the study from RESULTS; a model or an eval that did not run is None."""
+def collect(results_dir: str | pathlib.Path, second: str | pathlib.Path | None = None) -> dict:
+    """Every number of the study from RESULTS (and the evals it lacks from `second`, marked ``"training":
+    "second"``); a model or an eval that did not run is None."""
+    results = collect_one(results_dir)
+    for e in results["evals"].values():
+        if e is not None:
+            e["training"] = "first"
+    results["second"] = None
+    if second is not None:
+        later = collect_one(second)
+        taken = [n for n, e in later["evals"].items() if e is not None and results["evals"][n] is None]
+        for name in taken:
+            results["evals"][name] = {**later["evals"][name], "training": "second"}
+        results["second"] = {
+            "evals": taken, "status": later["status"],
+            "training": {b: subset(t, "steps", "tokens_seen", "final_train_loss", "final_val_loss", "train_seconds")
+                         if t else None for b, t in later["training"].items()}}
+    return results
+
+
+def collect_one(results_dir: str | pathlib.Path) -> dict:
+    """One RESULTS folder: every number in it; a model or an eval that did not run is None."""
     root = pathlib.Path(results_dir)
     if not (root / "runs").is_dir():
         raise SystemExit(f"{root}: no runs/ folder; give the RESULTS folder of benchmarks/lm_study.sh "
@@ -223,7 +248,26 @@ def section(results: dict, title: str, names: list[str], body: Callable[[dict], 
     gone = [f"- `{n}`: {MISSING}" + (f" — `eval_{n}` exit {codes[f'eval_{n}']}" if f"eval_{n}" in codes else "")
             for n in names if results["evals"][n] is None]
     lines = body(results["evals"]) if len(gone) < len(names) else []
-    return ["", f"## {title}", "", *lines, *([""] if lines and gone else []), *gone]
+    second = [n for n in names if (results["evals"][n] or {}).get("training") == "second"]
+    note = [f"Measured on the second training of the same configs (see \"Second training\"): "
+            f"{', '.join(f'`{n}`' for n in second)}.", ""] if second else []
+    return ["", f"## {title}", "", *note, *lines, *([""] if lines and gone else []), *gone]
+
+
+def second_training_lines(results: dict) -> list[str]:
+    """The second training's final losses beside the first's, and its steps."""
+    second = results["second"]
+    rows = []
+    for b in BACKENDS:
+        first, again = results["training"][b], second["training"][b]
+        rows.append([NAME[b], f4(first and first["final_val_loss"]), f4(again and again["final_val_loss"]),
+                     d4(again["final_val_loss"] - first["final_val_loss"]) if first and again else DASH,
+                     f4(first and first["final_train_loss"]), f4(again and again["final_train_loss"])])
+    status = [[e["step"], str(e["exit_code"]), str(e["seconds"])] for e in second["status"]]
+    return table(["model", "final val loss (first)", "final val loss (second)", "second − first",
+                  "train loss, last 5 (first)", "train loss, last 5 (second)"], rows) + [
+        "", f"Evaluations taken from the second training: {', '.join(f'`{n}`' for n in second['evals']) or DASH}.",
+        "", "Its steps (status.tsv of the second run):", "", *table(["step", "exit code", "seconds"], status)]
 
 
 def fpa_side(evals: dict, task: str) -> dict | None:
@@ -330,6 +374,8 @@ def prune_lines(evals: dict) -> list[str]:
 
     def success(m: dict) -> str:
         return f"{ci(m['rate'], f3)}, kept {f3(m['kept_fraction'])} ({rule_text(m['rule'])})"
+    if not first["passkey"]:
+        return lines + ["", "Pass key under pruning: not run (`--passkey-lengths` given no lengths)."]
     rows = [[str(e["length"]), success(e["a"]), *(success(p["passkey"][k]["b"]) if p else DASH for p in peers)]
             for k, e in enumerate(first["passkey"])]
     return lines + ["", "Pass key under pruning (the first threshold; success rate [CI], kept fraction):", "",
@@ -393,7 +439,8 @@ def render(results: dict) -> str:
         "", "## Head observations (HeadSurvivalCallback, last step)", "", *heads_lines(results),
         *section(results, "lm-evaluation-harness", ["lm_eval-fpa-fox"], lm_eval_lines),
         *section(results, "Generation samples (greedy)", [f"generate-{b}" for b in BACKENDS], generation_lines),
-        "", "## Status (status.tsv)", "", *table(["step", "exit code", "seconds"], status)]) + "\n"
+        "", "## Status (status.tsv)", "", *table(["step", "exit code", "seconds"], status),
+        *(["", "## Second training", "", *second_training_lines(results)] if results.get("second") else [])]) + "\n"
 
 
 # --- figures ------------------------------------------------------------------------------------------------------
@@ -499,6 +546,8 @@ def check(folder: pathlib.Path) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("results", nargs="?", type=pathlib.Path, help="the RESULTS folder of lm_study.sh")
+    parser.add_argument("--second", type=pathlib.Path, metavar="RESULTS2", help="a later RESULTS folder of the same "
+                        "configs trained again: evaluations missing from RESULTS are taken from it, marked")
     parser.add_argument("--out", type=pathlib.Path, help="where results.json, tables.md and the figures go")
     parser.add_argument("--check", type=pathlib.Path, metavar="OUT",
                         help="only compare OUT/tables.md with the tables rendered from OUT/results.json")
@@ -507,7 +556,7 @@ def main(argv: list[str] | None = None) -> int:
         return check(args.check)
     if args.results is None or args.out is None:
         parser.error("give RESULTS and --out OUT, or --check OUT")
-    text = json.dumps(collect(args.results), sort_keys=True, indent=1) + "\n"
+    text = json.dumps(collect(args.results, args.second), sort_keys=True, indent=1) + "\n"
     results = json.loads(text)  # render what the file holds, exactly as --check will
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(text)

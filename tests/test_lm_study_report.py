@@ -177,7 +177,7 @@ def test_command_line_and_check(results_dir, tmp_path, capsys):
     assert report.main([str(results_dir), "--out", str(out)]) == 0
     text = (out / "results.json").read_text()
     assert json.loads(text)["evals"]["test_loss-fpa-fox"]["difference"]["estimate"] == -0.0123
-    assert text.index('"evals"') < text.index('"status"') < text.index('"training"')  # sorted keys
+    assert list(json.loads(text)) == ["evals", "second", "status", "training", "training_context"]  # sorted keys
     for name in FIGURES:
         assert (out / name).read_bytes()[:4] == b"\x89PNG"
     assert report.main(["--check", str(out)]) == 0
@@ -217,3 +217,29 @@ def test_committed_study_tables_come_from_the_committed_json():
     assert results["training"]["fpa"]["tokens_seen"] == 25_559_040
     doc = (PATH.parents[1] / "docs" / "lm_study.md").read_text()
     assert "−0.0130 [−0.0190, −0.0070]" in doc
+
+
+def test_second_training_fills_the_missing_evals_and_is_marked(results_dir, tmp_path):
+    """--second: evals the first run lacks come from the second, marked; the first run's own evals are kept even where
+    the second has one too; both trainings' final losses are listed side by side."""
+    first = tmp_path / "first"
+    write_run(first, "fpa", heads=True)
+    write_run(first, "fox", heads=True)
+    (first / "status.tsv").write_text("train_fpa\t0\t10\tpython train.py fit\n")
+    write_eval(first, "test_loss-fpa-fox", "test_loss", {
+        "sequences": 3, "seq_len": 64, "tokens": 192,
+        "models": [{"label": "A: fpa", "loss": iv(9.0, 8.9, 9.1)}, {"label": "B: fox", "loss": iv(9.5, 9.4, 9.6)}],
+        "difference": iv(-0.5, -0.6, -0.4), "margin": 0.01, "verdict": "superior"})
+    results = report.collect(first, results_dir)
+    evals = results["evals"]
+    assert evals["test_loss-fpa-fox"]["training"] == "first"  # the first run's own, not the second's (-0.0123)
+    assert evals["test_loss-fpa-fox"]["difference"]["estimate"] == -0.5
+    assert evals["lm_eval-fpa-fox"]["training"] == "second" and evals["lm_eval-fpa-fox"]["tasks"][0]["a"]["value"] == 0.2778
+    assert "test_loss-fpa-fox" not in results["second"]["evals"] and "lm_eval-fpa-fox" in results["second"]["evals"]
+    assert results["second"]["training"]["sdpa"]["final_val_loss"] == 3.5 and results["training"]["sdpa"] is None
+    text = report.render(json.loads(json.dumps(results)))
+    assert 'Measured on the second training of the same configs (see "Second training"): `lm_eval-fpa-fox`.' in text
+    assert "## Second training" in text
+    assert "| FPA | 3.5000 | 3.5000 | +0.0000 |" in text and "| softmax | — | 3.5000 | — |" in text
+    assert "| train_fpa | 0 | 1234 |" in text.split("## Second training")[1]  # the second run's status.tsv
+    assert "## Second training" not in report.render(report.collect(first))

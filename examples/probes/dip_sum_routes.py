@@ -28,7 +28,7 @@ from fpa_lightning.probes.ladder import DipDuration
 from fpa_lightning.probes.model import Shape, variant
 from fpa_lightning.probes.stats import sign_test, successes
 from fpa_lightning.probes.table import CRITERION
-from fpa_lightning.probes.train import Budget, RowRun, seeded, train_row
+from fpa_lightning.probes.train import Budget, RowRun, held_out_set, seeded, train_row
 
 SEEDS = list(range(15))
 
@@ -98,7 +98,7 @@ def case_of(probe: DipDuration, first: int, second: int) -> str:
 
 def cases(steps: int) -> None:
     probe = DipDuration(duration="variable")
-    test = probe.sample(4096, seeded(7))
+    test = held_out_set(probe, 4096)  # the row's held-out part: never in the training pool
     labels = test.labels[:, -1]
     groups = collections.defaultdict(list)
     for i, (a, b) in enumerate(zip(test.tokens[:, -3].tolist(), test.tokens[:, -2].tolist())):

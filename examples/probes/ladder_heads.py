@@ -23,11 +23,11 @@ from fpa_lightning.probes.ladder import Ladder, UnnamedLadder
 from fpa_lightning.probes.model import ProbeModel, Shape, variant
 from fpa_lightning.probes.table import CRITERION, LADDER_STEPS
 from fpa_lightning.probes.theory import linear_threshold_head
-from fpa_lightning.probes.train import Budget, seeded, train_row
+from fpa_lightning.probes.train import Budget, held_out_set, train_row
 
 
 def accuracy(model: ProbeModel, probe: Ladder, n: int = 2048) -> float:
-    batch = probe.sample(n, seeded(2))  # the table's held-out generator seed
+    batch = held_out_set(probe, n)  # the table's held-out set (disjoint from the training pool)
     with torch.no_grad():
         predicted = model(batch.tokens).argmax(-1)
     scored = batch.labels != IGNORE
@@ -50,7 +50,7 @@ def dip_attention(model: ProbeModel, tokens: torch.Tensor) -> torch.Tensor:
 
 def attention_summary(model: ProbeModel, probe: Ladder, n: int = 512) -> tuple[float, float, float]:
     """Medians over n held-out sequences: mass on dead pushes, mass on BOS and the dip, survivors' max/min weight."""
-    batch = probe.sample(n, seeded(2))
+    batch = held_out_set(probe, n)
     weights = dip_attention(model, batch.tokens)  # (n, r + 2)
     survivors = probe.r - (batch.tokens[:, -1] - probe.dip(0))  # (n,)
     rung = torch.arange(1, probe.r + 1)[None, :]

@@ -20,7 +20,7 @@ import torch
 
 from fpa_lightning.probes.recall import Mqar
 from fpa_lightning.probes.table import GROUPS
-from fpa_lightning.probes.train import TEST_SEED, Budget, seeded, train_row
+from fpa_lightning.probes.train import Budget, held_out_set, train_row
 from fpa_lightning.probes.model import variant
 
 
@@ -58,7 +58,7 @@ def main() -> None:
     group = next(g for g in GROUPS if g.label == "mqar, 2 layers")
     run = train_row(group.probe, variant("fpa"), group.shape, list(range(args.seeds)),
                     Budget(steps=args.steps or group.steps), torch.device(args.device))
-    tokens = group.probe.sample(args.sequences, seeded(TEST_SEED)).tokens.to(args.device)
+    tokens = held_out_set(group.probe, args.sequences).tokens.to(args.device)  # the row's own held-out part
     reports = []
     for i, accuracy in enumerate(run.accuracies):
         model = run.ensemble.member(i).to(args.device).eval()

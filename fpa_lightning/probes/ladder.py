@@ -4,6 +4,8 @@
 alive set (docs/probes.md, `ladder(r)`, "Why this question"; and "Where we differ from the paper"). Each push names
 its rung. ``unnamed_ladder``: the same question with pushes that name only their colour, so a key's rung is its
 position and nothing in its token.
+``multi_dip_ladder``: the unnamed ladder with several dips, pushes between them, read at the last dip; the alive set
+is then whatever the path minimum leaves, neither a prefix nor a suffix of the pushes in general.
 ``dip_duration``: how many levels below the one marked key did the dip go (0 = alive, 1, 2, 3 or more)? The dip's
 deepest step lasts 1 or 2 steps (``variable``) or always 1 (``fixed``): a path minimum ignores the duration, a sum
 of dips (Selective Attention, FPA's dip-sum ablation) counts every step.
@@ -11,10 +13,13 @@ of dips (Selective Attention, FPA's dip-sum ablation) counts every step.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import combinations, product
+from math import comb
 
 import torch
 
-from fpa_lightning.probes.base import BOS, IGNORE, Probe, ProbeBatch, pick_where, scored_at_end, uniform_int
+from fpa_lightning.probes.base import (BOS, IGNORE, Probe, ProbeBatch, pick_where, random_permutations, scored_at_end,
+                                      uniform_int)
 
 
 def _balanced_bits(n: int, gen: torch.Generator) -> torch.Tensor:
@@ -107,6 +112,105 @@ class UnnamedLadder(Ladder):
         if token in (1, 2):
             return "push", token - 1
         return ("dip", token - 2) if token > 2 else None
+
+
+@dataclass(frozen=True)
+class MultiDipLadder(UnnamedLadder):
+    """<bos>, r pushes ``Pa``/``Pb`` (colour only, no rung) in `dips` runs, each run followed by a dip D_k; the last
+    token is the last dip, and the answer is read there. Walk form (``ladder``'s, docs/probes.md): a push
+    climbs the walk one rung and writes its key at the new height; D_k puts the field k below the walk at that token
+    only (the walk stays, so the next pushes climb on above it); key s is alive at the last token t iff
+    min_{s<u≤t} φ_u ≥ ψ_s, i.e. iff no later dip's field went below its height. Label: 1 if strictly more
+    surviving pushes have colour b than colour a. Classes are balanced.
+
+    Layout: the runs' ends are r and `dips` − 1 distinct rungs drawn uniformly from 2..r−1 (so at least two pushes
+    come before the first dip and at least one before every other). The dip after a run of n pushes, with the walk
+    at W, has depth k uniform in 1..min(W − 1, n + 2): it kills at least the run's newest push, sometimes reaches
+    into earlier runs, and never kills rung 1 (at least one survivor). With 3 dips the alive set (``alive``) is
+    never a suffix of the pushes and is not a prefix in 57 %, 69 % and 78 % of the draws at r = 10, 14, 18 (mean
+    size 3.3, 5.1, 7.0). Sequence space (``support_size``): 1.63e6, 1.32e8 and 6.93e9 sequences at r = 10, 14, 18.
+
+    What it tests. One FPA head of width 4 realises every such alive set (``theory.hand_built_fpa_head``). So does
+    the same head with the sum of dips: Σ min(0, φ_u − ψ_s) is 0 exactly when min φ_u ≥ ψ_s, so the two reductions
+    keep the same alive set for any weights, and no alive-set question separates them. And no one-layer model with
+    one softmax head (RoPE, ALiBi, NoPE or a learned position embedding, or FoX) answers it at any width
+    (``theory.one_head_obstruction``): its keys cannot see the dips after them. So it separates FPA from the peers
+    by what they can express, not by capacity; a capacity test needs alive sets that the query token alone
+    determines, as in ``unnamed_ladder``."""
+
+    dips: int = 3
+
+    name = "multi_dip_ladder"
+    summary = ("colour-only pushes in runs, a dip after each run; read at the last dip: colour 1 in the majority of "
+               "the pushes the path minimum left alive?")
+    REACH = 2
+    """A dip may reach this many rungs below the run it follows."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not 2 <= self.dips <= self.r - 1:
+            raise ValueError(f"multi_dip_ladder: dips must be in 2..r−1 = 2..{self.r - 1}, got {self.dips}")
+
+    @property
+    def length(self) -> int:
+        return 1 + self.r + self.dips
+
+    def sample(self, n: int, gen: torch.Generator) -> ProbeBatch:
+        r, m = self.r, self.dips
+        wanted = _balanced_bits(n, gen)
+        inner = (random_permutations(n, r - 2, gen)[:, : m - 1] + 2).sort(dim=1).values  # run ends in 2..r−1
+        ends = torch.cat([inner, torch.full((n, 1), r)], dim=1)  # (n, m): the walk W at each dip
+        runs = ends - torch.cat([torch.zeros(n, 1, dtype=torch.long), ends[:, :-1]], dim=1)
+        depth = uniform_int(1, torch.minimum(ends - 1, runs + self.REACH).flatten(), n * m, gen).view(n, m)
+        floors = ends - depth  # the field at each dip
+        rung = torch.arange(1, r + 1)[None, :, None]  # (1, r, 1)
+        later = rung <= ends[:, None, :]  # (n, r, m): the dip comes after the push of that rung
+        lowest = torch.where(later, floors[:, None, :], r + 1).min(dim=2).values  # (n, r): min field after the push
+        survivors = torch.arange(1, r + 1)[None, :] <= lowest
+        colours = torch.zeros(n, r, dtype=torch.long)
+        todo = torch.ones(n, dtype=torch.bool)
+        while todo.any():  # redraw the colours of rows whose majority is not the wanted one
+            colours[todo] = (torch.rand(int(todo.sum()), r, generator=gen) < 0.5).long()
+            ones = (colours * survivors).sum(1)
+            todo = (2 * ones > survivors.sum(1)) != wanted
+        # positions: the push of rung i follows the dips of the runs before it; dip j follows its run's last push
+        push_at = torch.arange(1, r + 1)[None, :] + (ends[:, None, :] < torch.arange(1, r + 1)[None, :, None]).sum(2)
+        dip_at = ends + torch.arange(1, m + 1)[None, :]
+        tokens = torch.full((n, self.length), BOS)
+        tokens.scatter_(1, push_at, self.push(None, colours))
+        tokens.scatter_(1, dip_at, self.dip(depth))
+        return ProbeBatch(tokens, scored_at_end(tokens, wanted.long()))
+
+    def alive(self, tokens: list[int]) -> list[bool]:
+        """Per push, in order: is its key alive at the last token? A plain loop over the path-minimum definition."""
+        walk, fields, keys = 0, [], []
+        for pos, t in enumerate(tokens):
+            kind, value = self.read(t) or ("bos", 0)
+            if kind == "push":
+                walk += 1
+                keys.append((pos, walk))
+            fields.append(walk - value if kind == "dip" else walk)
+        return [min(fields[pos + 1:]) >= level for pos, level in keys]
+
+    def support_size(self) -> tuple[int, int]:
+        """How many distinct sequences the generator can produce, per class (label 0, label 1): every layout and
+        depth it can draw, times the colourings (counted, not listed) that give each label."""
+        r, sizes = self.r, [0, 0]
+        for inner in combinations(range(2, r), self.dips - 1):
+            ends = [*inner, r]
+            ranges = [range(1, min(end - 1, end - start + self.REACH) + 1) for start, end in zip([0, *ends], ends)]
+            for depths in product(*ranges):
+                survivors = sum(all(rung > end or rung <= end - k for end, k in zip(ends, depths))
+                                for rung in range(1, r + 1))
+                ones = sum(comb(survivors, j) for j in range(survivors // 2 + 1, survivors + 1)) * 2 ** (r - survivors)
+                sizes[1] += ones
+                sizes[0] += 2 ** r - ones
+        return sizes[0], sizes[1]
+
+    def reference_labels(self, tokens: list[int]) -> list[int]:
+        colours = [self.read(t)[1] for t in tokens if (self.read(t) or ("",))[0] == "push"]
+        survivors = [c for c, alive in zip(colours, self.alive(tokens)) if alive]
+        return [IGNORE] * (len(tokens) - 1) + [int(2 * sum(survivors) > len(survivors))]
 
 
 DURATIONS = ("variable", "fixed")

@@ -1,15 +1,24 @@
 """Name probes: bindings of names to values, read back by a query (docs/probes.md).
 
 ``find_name``: scoped bindings. A local binding dies when its block closes, a global one never does; the query
-asks for the value of the name's one alive binding (its other bindings are dead). ``var_assign``: re-assignment;
-the query asks for the value of the name's latest assignment.
+asks for the value of the name's one alive binding (its other bindings are dead). ``find_name_by_place``: the same
+question where a binding's token does not say whether it is global: a binding written outside every block is
+global, one written inside a block is local, so only its place in the walk tells them apart. ``var_assign``:
+re-assignment; the query asks for the value of the name's latest assignment.
+
+``without_content_retrieval`` is the paper's third find_name ablation applied to a trained model: the attention
+scores keep the bias and lose q·k, so a query can no longer pick its name's bindings by their content.
 """
 from __future__ import annotations
 
+import copy
 import random
 from dataclasses import dataclass
 
+import torch
+
 from fpa_lightning.probes.base import BOS, IGNORE, Probe, ProbeBatch, sample_each
+from fpa_lightning.probes.model import ProbeModel
 
 
 @dataclass(frozen=True)
@@ -109,6 +118,102 @@ class FindName(_Bindings):
                   and (self._decode(t)[0] or min(heights[pos:]) >= heights[pos])]
         assert len(values) == 1, "the query must have exactly one alive binding"
         return [IGNORE] * (len(tokens) - 1) + values
+
+
+@dataclass(frozen=True)
+class FindNameByPlace(_Bindings):
+    """find_name whose globals differ from its locals only by their place in the walk. `length` tokens: "(" opens a
+    block (depth ≤ 2), ")" closes one, {x}={v} binds x to v; a binding written outside every block (depth 0) is
+    global, one written inside a block is local and dies when that block closes. Then ?x for a name with exactly
+    one alive binding and at least one dead one. Label: the value of x's alive binding.
+
+    In ``find_name`` a global binding is its own token (G{x}={v}), so a key's content can mark it and the level
+    offset h is not needed to keep it (docs/probes.md, "Where we differ", 3). Here every binding of x to v is the
+    same token wherever it is written. In walk form ("(" climbs, ")" steps down, a key's level is its height) the
+    rule is the stack's: a binding is alive while the walk never goes below its height, which a top-level binding
+    (height 0) never sees. One-layer key maps see only a key's token, so a key level h cannot tell a global from a
+    local here either: the walk's height is all that does."""
+
+    length: int = 14
+
+    name = "find_name_by_place"
+    family = "names"
+    summary = "scoped bindings whose scope is only their place (top level: global); the value of the alive one"
+    MAX_DEPTH = 2
+    OPEN, CLOSE, FIRST_BINDING = 1, 2, 3
+
+    def vocab(self) -> list[str]:
+        return ["<bos>", "(", ")", *self._binding_names(""), *self._query_names()]
+
+    def binding(self, name: int, value: int) -> int:
+        return self.FIRST_BINDING + name * self.values + value
+
+    def query(self, name: int) -> int:
+        return self.FIRST_BINDING + self.names * self.values + name
+
+    def sample(self, n: int, gen) -> ProbeBatch:
+        return sample_each(n, gen, self._one)
+
+    def _one(self, rng: random.Random):
+        tokens, depth = [BOS], 0
+        open_blocks = [[]]  # per open block, the indices of its bindings (the outermost, never closed, first)
+        bindings, alive = [], []
+        for _ in range(self.length):
+            choice = rng.random()
+            if choice < 0.2 and depth < self.MAX_DEPTH:
+                tokens.append(self.OPEN)
+                depth += 1
+                open_blocks.append([])
+            elif choice < 0.4 and depth > 0:
+                tokens.append(self.CLOSE)
+                depth -= 1
+                for i in open_blocks.pop():
+                    alive[i] = False
+            else:
+                name, value = rng.randrange(self.names), rng.randrange(self.values)
+                tokens.append(self.binding(name, value))
+                bindings.append((name, value))
+                alive.append(True)
+                open_blocks[-1].append(len(bindings) - 1)
+        candidates = [x for x in range(self.names)
+                      if sum(a for (nm, _), a in zip(bindings, alive) if nm == x) == 1
+                      and any(not a for (nm, _), a in zip(bindings, alive) if nm == x)]
+        if not candidates:
+            return None
+        x = rng.choice(candidates)
+        value = next(v for (nm, v), a in zip(bindings, alive) if nm == x and a)
+        tokens.append(self.query(x))
+        return tokens, [IGNORE] * (len(tokens) - 1) + [value]
+
+    def reference_labels(self, tokens: list[int]) -> list[int]:
+        """Scopes by brackets: a binding is alive unless the block it was written in (if any) has closed."""
+        stack, scope_of, closed, block = [], {}, set(), 0
+        for pos, t in enumerate(tokens[:-1]):
+            if t == self.OPEN:
+                block += 1
+                stack.append(block)
+            elif t == self.CLOSE:
+                closed.add(stack.pop())
+            elif t >= self.FIRST_BINDING:
+                scope_of[pos] = stack[-1] if stack else None  # None: top level, global
+        x = tokens[-1] - self.query(0)
+        values = [(tokens[pos] - self.FIRST_BINDING) % self.values for pos, scope in scope_of.items()
+                  if (tokens[pos] - self.FIRST_BINDING) // self.values == x and scope not in closed]
+        assert len(values) == 1, "the query must have exactly one alive binding"
+        return [IGNORE] * (len(tokens) - 1) + values
+
+
+def without_content_retrieval(model: ProbeModel) -> ProbeModel:
+    """A copy of a trained `model` whose attention has no content retrieval: every layer's query projection is zero,
+    so q·k = 0 and each head's scores are its bias alone (for FPA: uniform attention over the alive keys, weighted
+    by how far each dead key is below the field). The paper's find_name ablation "without content retrieval" trains
+    such a model (that needs a probe-model variant, docs/probes.md); this is the same ablation applied after
+    training, which shows whether a trained head finds its name by content."""
+    ablated = copy.deepcopy(model)
+    with torch.no_grad():
+        for layer in ablated.layers:
+            layer.qkv.weight[: layer.n_head * layer.head_dim].zero_()
+    return ablated
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,26 @@
-"""The table as Markdown (ours next to the paper's) and as a figure."""
+"""The table as Markdown (ours next to the paper's) and as a figure.
+
+**Capacity controls.** A failure at a narrow head width says something about capacity only if the same backend
+succeeds with a wide head on the same probe (the paper's d = r + 2 rows: "so the failure is capacity, not optimisation",
+docs/method.md, section 5). A group is a *control* when its label holds the word "control" (``is_control``, e.g.
+"ladder control, d=12, r=10"). A row's control (``control_for``) is the row of a control group with the same probe
+(its key, so the same r), backend, seeds and training budget, and the same model shape except the head width
+(positions, layers, heads, width, MLP and norm equal: a control with a position embedding does not vouch for a row
+without one). A control *passes* when every seed succeeds. A row that has a failed control, or a row of a backend
+other than the reference whose setting has controls but none of its own, is *not a capacity result*: the Markdown
+table says so in its last column, and the comparison table flags its comparison with FPA. A failed control row is
+not a capacity result either.
+"""
 from __future__ import annotations
+
+import re
 
 import matplotlib
 
 matplotlib.use("Agg")  # files only
 import matplotlib.pyplot as plt
+
+from fpa_lightning.probes.table import REFERENCE
 
 
 def _p(value: float) -> str:
@@ -17,27 +33,82 @@ def training(budget: dict) -> str:
     return f"{budget['steps']} steps, lr {budget['lr']:g}" + (f", wd {decay:g}" if decay else "")
 
 
+def is_control(row: dict) -> bool:
+    """Whether the row belongs to a capacity-control group (the word "control" in its group label)."""
+    return re.search(r"\bcontrol\b", row["group"]) is not None
+
+
+def _setting(row: dict) -> tuple:
+    """The probe (and the held-out set's, where it differs) and the model shape but its head width: rows of one
+    setting differ only in d."""
+    return row["probe"], row.get("test_probe"), tuple(sorted((k, v) for k, v in row["shape"].items()
+                                                             if k != "head_dim"))
+
+
+def _run(row: dict) -> tuple:
+    """Backend, seeds and the whole budget: a control must have been trained as the row was."""
+    return row["backend"], tuple(row["seeds"]), tuple(sorted(row["budget"].items()))
+
+
+def control_for(row: dict, rows: list[dict]) -> dict | None:
+    """The control row of `row` among `rows` (module docstring), or None; a control row is its own control."""
+    if is_control(row):
+        return row
+    return next((c for c in rows if is_control(c) and _setting(c) == _setting(row) and _run(c) == _run(row)), None)
+
+
+def control_passes(control: dict) -> bool:
+    return control["successes"] == len(control["seeds"])
+
+
+def capacity_note(row: dict, rows: list[dict], reference: str = REFERENCE) -> str:
+    """The last column of the Markdown table: what the row's capacity control says ("" where its setting has no
+    control at all)."""
+    control = control_for(row, rows)
+    if control is None:
+        has_controls = any(is_control(c) and _setting(c) == _setting(row) for c in rows)
+        return "no control row: not a capacity result" if has_controls and row["backend"] != reference else ""
+    count, d = f"{control['successes']}/{len(control['seeds'])}", control["shape"]["head_dim"]
+    if not control_passes(control):
+        return f"control failed: not a capacity result (d={d}: {count})"
+    return f"control: passes ({count})" if control is row else f"control d={d} passes ({count})"
+
+
+def counts_as_capacity_result(row: dict, rows: list[dict], reference: str = REFERENCE) -> bool:
+    """False for a row that is not a capacity result (module docstring); True otherwise."""
+    return "not a capacity result" not in capacity_note(row, rows, reference)
+
+
 def markdown_table(rows: list[dict], comparisons: list[dict]) -> str:
-    """Every row (ours and the paper's), then every FPA comparison."""
+    """Every row (ours and the paper's), then every FPA comparison; the last column is the row's capacity control."""
     tests = {(c["group"], c["b"], training(c["budget"])): c for c in comparisons}
     lines = ["| group | backend | training | seeds succeeding (ours) | paper | mean accuracy | min–max "
-             "| FPA better: p (FPA only : other only) |", "|---|---|---|---|---|---|---|---|"]
+             "| FPA better: p (FPA only : other only) | capacity control |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         n, acc = len(r["seeds"]), r["accuracies"]
         budget = training(r["budget"])
         test = tests.get((r["group"], r["backend"], budget))
         p = f"{_p(test['p_value'])} ({test['a_only']}:{test['b_only']})" if test else ""
         lines.append(f"| {r['group']} | {r['backend']} | {budget} | {r['successes']}/{n} | {r.get('paper') or '—'} | "
-                     f"{sum(acc) / n:.3f} | {min(acc):.3f}–{max(acc):.3f} | {p} |")
+                     f"{sum(acc) / n:.3f} | {min(acc):.3f}–{max(acc):.3f} | {p} | {capacity_note(r, rows)} |")
     return "\n".join(lines) + "\n"
 
 
-def comparison_table(comparisons: list[dict]) -> str:
+def comparison_table(comparisons: list[dict], rows: list[dict] | None = None) -> str:
+    """Every FPA comparison. With `rows`, a comparison whose other row is not a capacity result (module docstring)
+    is flagged in the last column: its p-value says nothing about capacity."""
     lines = ["| group | training | FPA vs | only FPA succeeds | only the other succeeds | p (FPA better) "
-             "| p (other better) |", "|---|---|---|---|---|---|---|"]
+             "| p (other better) |" + (" capacity result |" if rows is not None else ""),
+             "|---|---|---|---|---|---|---|" + ("---|" if rows is not None else "")]
     for c in comparisons:
-        lines.append(f"| {c['group']} | {training(c['budget'])} | {c['b']} | {c['a_only']} | {c['b_only']} "
-                     f"| {_p(c['p_value'])} | {_p(c['p_value_reverse'])} |")
+        line = (f"| {c['group']} | {training(c['budget'])} | {c['b']} | {c['a_only']} | {c['b_only']} "
+                f"| {_p(c['p_value'])} | {_p(c['p_value_reverse'])} |")
+        if rows is not None:
+            other = next((r for r in rows if r["group"] == c["group"] and r["backend"] == c["b"]
+                          and r["budget"] == c["budget"]), None)
+            note = capacity_note(other, rows, c["a"]) if other is not None else ""
+            line += f" {note if 'not a capacity result' in note else 'yes' if note else ''} |"
+        lines.append(line)
     return "\n".join(lines) + "\n"
 
 

@@ -1,8 +1,9 @@
 """Running the table: rows in order (or in worker processes), resumable, mergeable; then statistics and reports.
 
 A finished row is a plain dict (``row_record``). Rows already present in an earlier ``probes.json`` (the output
-folder's own, or files passed to merge) with the same group, backend, seeds, shape and budget are reused, not
-retrained, so a table can be filled in over several runs and machines.
+folder's own, or files passed to merge) with the same group, backend, seeds, shape, budget and test probe are reused,
+not retrained, so a table can be filled in over several runs and machines. The budget includes the held-out split
+(``Budget.holdout``), so rows trained before the held-out set was made disjoint from the pool are never reused.
 """
 from __future__ import annotations
 
@@ -23,19 +24,23 @@ from fpa_lightning.probes.train import Budget, train_row
 
 
 def row_identity(group: Group, backend: str, seeds: list[int], budget: Budget) -> dict:
-    """What makes two rows the same experiment."""
-    return {"group": group.label, "probe": group.probe.key, "backend": backend, "seeds": list(seeds),
-            "shape": asdict(group.shape), "budget": asdict(budget), "criterion": group.criterion}
+    """What makes two rows the same experiment. ``test_probe``: the probe of the held-out set where the group tests
+    at another setting than it trains (None: the training probe)."""
+    test_probe = group.test_probe.key if group.test_probe is not None else None
+    return {"group": group.label, "probe": group.probe.key, "test_probe": test_probe, "backend": backend,
+            "seeds": list(seeds), "shape": asdict(group.shape), "budget": asdict(budget), "criterion": group.criterion}
 
 
 def row_record(group: Group, backend: str, seeds: list[int], budget: Budget, device: str, progress=None) -> dict:
     """Train one row and return its record."""
-    run = train_row(group.probe, variant(backend), group.shape, seeds, budget, torch.device(device), progress)
+    run = train_row(group.probe, variant(backend), group.shape, seeds, budget, torch.device(device), progress,
+                    test_probe=group.test_probe)
     success = successes(run.accuracies, group.criterion)
     return {**row_identity(group, backend, seeds, budget), "probe_name": group.probe.name,
             "params": group.probe.params, "variant": variant(backend).description,
             "accuracies": run.accuracies, "success": success, "successes": sum(success),
-            "final_loss": run.final_loss, "seconds": round(run.seconds, 1), "device": device,
+            "final_loss": run.final_loss, "held_out_distinct": run.held_out_distinct,
+            "seconds": round(run.seconds, 1), "device": device,
             "paper": group.paper.get(backend)}
 
 
@@ -99,8 +104,9 @@ def run_rows(plan: list[tuple[Group, str]], seeds: list[int], budget: Budget, st
     else:
         for n, (i, job) in enumerate(zip(todo, jobs), start=1):
             group, backend, _, row_budget, _ = job
+            tested = f", tested on {group.test_probe.key}" if group.test_probe is not None else ""
             log(f"[{n}/{len(todo)}] {group.label} · {backend}: training {row_budget.steps} steps "
-                f"({group.probe.key}, {group.shape.describe()})")
+                f"({group.probe.key}{tested}, {group.shape.describe()})")
             finished(n, i, row_record(*job, progress=_progress_printer(row_budget.steps, log)))
     return [done[i] for i in range(len(plan))]
 
@@ -138,7 +144,7 @@ def comparisons(rows: list[dict]) -> list[dict]:
     out = []
     for reference in (r for r in rows if r["backend"] == REFERENCE):
         for other in rows:
-            same = all(other[k] == reference[k] for k in ("group", "seeds", "budget"))
+            same = all(other.get(k) == reference.get(k) for k in ("group", "seeds", "budget", "test_probe"))
             if same and other["backend"] != REFERENCE:
                 test = sign_test(reference["success"], other["success"])
                 out.append({"group": reference["group"], "probe": reference["probe"], "a": REFERENCE,

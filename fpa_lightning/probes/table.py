@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from fpa_lightning.probes.base import Probe
+from fpa_lightning.probes.dips import DipDepth
 from fpa_lightning.probes.ladder import DipDuration, Ladder, UnnamedLadder
 from fpa_lightning.probes.model import VARIANTS, Shape
 from fpa_lightning.probes.names import FindName, VarAssign
@@ -33,6 +34,9 @@ class Group:
     steps: int = 1000
     """Training steps unless the command line overrides them."""
     criterion: float = CRITERION
+    test_probe: Probe | None = None
+    """Where set, the held-out set is drawn from this probe instead of `probe` (same vocabulary and classes): the
+    group trains at one setting and tests at another, e.g. longer dips (``train.row_data``). None: `probe`."""
 
     def __post_init__(self):
         unknown = [b for b in self.backends if b not in VARIANTS]
@@ -67,17 +71,159 @@ def _unnamed_ladder_groups() -> list[Group]:
     return groups
 
 
+DIP_SUM_PEERS = ("fpa", "fpa_dipsum", "selective", "fox")
+DIP_DEPTH_STEPS = 2000
+"""A CPU pilot (3 seeds, issue #22) at 1000 steps left FPA's training loss at 0.096 and 0.63 on two of three seeds
+(held-out accuracy 0.969 and 0.702 at durations 1-2), so the budget is the table's longest one-layer budget (as
+``var_assign``), not yet calibrated on a full run."""
+
+
+def _dip_depth_groups() -> list[Group]:
+    """Issue #22, item 3: minimum against sum on ``dip_depth`` (``fpa_lightning/probes/dips.py``), a unit-step walk
+    whose tokens never name a depth. The paper's row "variable-duration dips (the deepest step lasts 1 or 2
+    steps)": FPA 13/15, dip-sum FPA 0/15, Selective Attention 0/15; fixed duration: both 15/15. Its probe is not
+    ours (docs/probes.md describes ours), so its counts stand beside the groups of the same durations only.
+    - durations 1–2, and 1–4: trained and tested at the same durations;
+    - durations 1–2 → 3–4: trained on dips that last 1–2 steps at the bottom, tested on 3–4 (``test_probe``). The
+      path minimum is invariant by construction; a sum of dips that fits 1–2 must extrapolate (not in the paper);
+    - duration 1: the control (sum = minimum, both should fit), the paper's fixed-duration row;
+    - stays, 1–2 → 3–4: the time at the bottom written as a stay token S, the control of the argument that a learned
+      dip-sum head can make S invisible (dips.py), so dip-sum should extrapolate there.
+    Backends: FPA, its dip-sum ablation, Selective Attention (both sums, the paper's peers) and FoX (a sum of
+    per-token decays with no minimum at all). Shape: one layer, one head of d = 4 and width 32, as ``dip_duration``:
+    FPA's hand-built head (``theory.dip_depth_head``) needs no more, so a failure at this width is not capacity."""
+    shape = Shape(heads=1, head_dim=4)
+    variable = {"fpa": "13/15", "fpa_dipsum": "0/15", "selective": "0/15"}
+    longer = DipDepth(durations=(3, 4))
+    return [
+        Group("dip depth, durations 1-2", DipDepth(durations=(1, 2)), shape, DIP_SUM_PEERS, variable,
+              steps=DIP_DEPTH_STEPS),
+        Group("dip depth, train durations 1-2, test 3-4", DipDepth(durations=(1, 2)), shape, DIP_SUM_PEERS,
+              steps=DIP_DEPTH_STEPS, test_probe=longer),
+        Group("dip depth, durations 1-4", DipDepth(durations=(1, 2, 3, 4)), shape, DIP_SUM_PEERS,
+              steps=DIP_DEPTH_STEPS),
+        Group("dip depth, duration 1", DipDepth(durations=(1,)), shape, DIP_SUM_PEERS[:3],
+              {"fpa_dipsum": "15/15", "selective": "15/15"}, steps=DIP_DEPTH_STEPS),
+        Group("dip depth with stays, train durations 1-2, test 3-4", DipDepth(durations=(1, 2), bottom="stay"), shape,
+              DIP_SUM_PEERS[:3], steps=DIP_DEPTH_STEPS, test_probe=DipDepth(durations=(3, 4), bottom="stay")),
+    ]
+
+
+def _longer_test_groups() -> list[Group]:
+    """Issue #22, item 1: the walk probes trained at the table's length and tested at twice it (``test_probe``; not
+    in the paper). FPA's alive set is the stack, or the keys above each walk's minimum, at any length; a positional
+    code (RoPE in softmax and Selective Attention) or a sum of decays (FoX) must extrapolate. Shapes, backends and
+    budgets as the groups they extend."""
+    return [
+        Group("push/pop, train 12 ops, test 24", PushPop(ops=12), Shape(heads=1, head_dim=4),
+              ("fpa", "fpa_dipsum", "fox", "sdpa", "selective"), test_probe=PushPop(ops=24)),
+        Group("two families, 2 heads of d=2, train 12 steps, test 24", TwoFamilies(steps=12),
+              Shape(heads=2, head_dim=2), ("fpa", "selective", "dcp"), test_probe=TwoFamilies(steps=24)),
+    ]
+
+
+def _mqar_regime_and_find_name_groups() -> list[Group]:
+    """Issue #22, item 4. MQAR in the regime of the paper's recall experiments rather than the compact probe above:
+    a full 2-layer block (GELU MLP of width 256, pre-LayerNorm, width 64, 2 heads of d = 32), 256 keys and 256
+    values, 32 pairs in 256 tokens and 64 pairs in 512, the queries scattered after the pairs among filler tokens
+    (``Mqar(length=...)``, docs/probes.md). The paper's counts are its MQAR row (FPA 0/15, softmax 15/15, FPA
+    without the layer-1 bias 15/15; 3 and 4 FPA layers fail); the paper's own vocabulary, pair count and length are
+    not in docs/, so these settings are ours, and the step budget is not yet calibrated on a GPU run.
+
+    find_name with globals told apart only by their place in the walk (``FindNameByPlace``): not a paper row, the
+    control for "without key level fails" (docs/probes.md, "Where we differ", 3)."""
+    from fpa_lightning.probes.names import FindNameByPlace
+
+    groups = []
+    for layers, pairs, length, backends, paper in (
+            (2, 32, 256, ("fpa", "sdpa", "fpa_nobias1"), {"fpa": "0/15", "sdpa": "15/15", "fpa_nobias1": "15/15"}),
+            (3, 32, 256, ("fpa",), {"fpa": "0/15"}),
+            (4, 32, 256, ("fpa",), {"fpa": "0/15"}),
+            (2, 64, 512, ("fpa", "sdpa", "fpa_nobias1"), {"fpa": "0/15", "sdpa": "15/15", "fpa_nobias1": "15/15"})):
+        groups.append(Group(f"mqar, paper regime, {layers} layers, {pairs} pairs, T={length}",
+                            Mqar(pairs=pairs, keys=256, values=256, length=length),
+                            Shape(heads=2, head_dim=32, layers=layers, width=64, mlp=256, norm=True), backends, paper,
+                            steps=3000))
+    groups.append(Group("find a name, globals by place only", FindNameByPlace(), Shape(heads=1, head_dim=4),
+                        ("fpa", "fpa_stack", "fpa_nolevel", "fpa_querylevel", "selective")))
+    return groups
+
+
+MULTI_DIP_STEPS = 3000
+"""Twice the ladder's 1500. A CPU pilot (3 seeds, the table's other settings) of FPA at d = 4, r = 10 reached 0.99 on
+no seed at 1500 steps (0.81, 0.987, 0.977) and on one at 3000 (0.819, 0.9995, 0.979); at r = 18 and 1500 steps
+0.93–0.98. The unnamed ladder's r = 18 row was budget-limited at 1500 too (docs/probes.md, investigation 6). The
+peers' d = r + 2 controls do not move with steps (0.82–0.83 at r = 10 after 400 and after 1500 steps): a one-head
+peer is capped at any budget (``theory.one_head_obstruction``). Not yet calibrated on a GPU run of 15 seeds."""
+
+
+def _multi_dip_ladder_groups() -> list[Group]:
+    """Issue #22, item 2, first half: ``multi_dip_ladder`` (pushes name only their colour; three dips, pushes between
+    them; read at the last dip), r ∈ {10, 14, 18}. Not a capacity test, as first intended: a one-head softmax peer
+    cannot realise these alive sets at any width (``theory.one_head_obstruction``), so its d = r + 2 control fails by
+    construction (a CPU pilot: NoPE with positions 0.82–0.83 at r = 10, d = 12; 0.79 at r = 18, d = 20) and every peer
+    row is flagged as no capacity result. What the groups measure is expressivity: FPA at d = 4 against one-head
+    peers that can locate every push (a learned absolute position embedding, ``Shape.positions``, for NoPE, ALiBi
+    and FoX; RoPE for softmax), and the controls check the obstruction empirically. The paper's counts are its ladder
+    rows (docs/method.md, section 5), whose probe this is not; they stand beside FPA's d = 4 group only."""
+    from fpa_lightning.probes.ladder import MultiDipLadder
+
+    groups = []
+    for r, fpa in ((10, "11/15"), (14, "12/15"), (18, "13/15")):
+        probe = MultiDipLadder(r=r)
+        positions = Shape(heads=1, head_dim=4, positions=probe.length)
+        groups += [
+            Group(f"multi-dip ladder, d=4, r={r}", probe, Shape(heads=1, head_dim=4), ("fpa", "sdpa"),
+                  {"fpa": fpa}, steps=MULTI_DIP_STEPS),
+            Group(f"multi-dip ladder, positions, d=4, r={r}", probe, positions, ("fpa", "nope", "alibi", "fox"),
+                  steps=MULTI_DIP_STEPS),
+            Group(f"multi-dip ladder control, d={r + 2}, r={r}", probe, Shape(heads=1, head_dim=r + 2), ("sdpa",),
+                  steps=MULTI_DIP_STEPS),
+            Group(f"multi-dip ladder control, positions, d={r + 2}, r={r}", probe,
+                  Shape(heads=1, head_dim=r + 2, positions=probe.length), ("nope", "alibi", "fox"),
+                  steps=MULTI_DIP_STEPS)]
+    return groups
+
+
+def _positioned_unnamed_ladder_groups() -> list[Group]:
+    """Issue #22, item 2, second half: the capacity test whose controls can pass. The unnamed ladder (one dip, pushes
+    that name only their colour) with a learned absolute position embedding for every backend of the group
+    (``Shape.positions``), so that NoPE, ALiBi and FoX can locate the pushes (without it they fail even their
+    d = r + 2 controls, docs/probes.md investigation 6), swept over d ∈ {2, 4, r − 3, r − 2, r + 2} to locate each
+    backend's transition; the d = r + 2 groups are the controls (``report.capacity_note``: a row counts only if its
+    control passes). The paper's counts (FPA 11, 12, 13 of 15 at d = 4; the peers 0/15; the controls 15/15) are
+    for its named ladder without positions: they stand beside the d = 4 and d = r + 2 groups as targets. A CPU pilot
+    (3 seeds, 1500 steps) found NoPE with positions at 1.0 on every seed at d = 4, r = 10, and 0.983–0.987 at r = 18:
+    the paper's capacity gap may not survive positions, which these groups measure."""
+    groups = []
+    for r, fpa in ((10, "11/15"), (14, "12/15"), (18, "13/15")):
+        probe = UnnamedLadder(r=r)
+        for d in (2, 4, r - 3, r - 2, r + 2):
+            control = d == r + 2
+            paper = ({"fpa": fpa, **{b: "0/15" for b in ("nope", "alibi", "fox")}} if d == 4 else
+                     {b: "15/15" for b in ("nope", "alibi", "fox")} if control else {})
+            groups.append(Group(f"unnamed ladder{' control' if control else ''}, positions, d={d}, r={r}", probe,
+                                Shape(heads=1, head_dim=d, positions=r + 2),  # <bos>, r pushes, the dip
+                                ("nope", "alibi", "fox") if control else ("fpa", "nope", "alibi", "fox"), paper,
+                                steps=LADDER_STEPS))
+    return groups
+
+
 GROUPS: list[Group] = [
     *_ladder_groups(),
     *_unnamed_ladder_groups(),
+    *_multi_dip_ladder_groups(),
+    *_positioned_unnamed_ladder_groups(),
     Group("dip duration, variable", DipDuration(duration="variable"), Shape(heads=1, head_dim=4),
           ("fpa", "fpa_dipsum", "selective"), {"fpa": "13/15", "fpa_dipsum": "0/15", "selective": "0/15"}),
     Group("dip duration, fixed", DipDuration(duration="fixed"), Shape(heads=1, head_dim=4),
           ("fpa", "fpa_dipsum", "selective"), {"fpa_dipsum": "15/15", "selective": "15/15"}),
+    *_dip_depth_groups(),
     Group("two families, 2 heads of d=2", TwoFamilies(), Shape(heads=2, head_dim=2),
           ("fpa", "selective", "dcp"), {"fpa": "11/15", "selective": "0/15", "dcp": "0/15"}),
     Group("push/pop", PushPop(), Shape(heads=1, head_dim=4), ("fpa", "fpa_dipsum", "fox", "sdpa", "selective"),
           {"fpa": "14/15", "fpa_dipsum": "11/15", "fox": "fails", "sdpa": "fails", "selective": "fails"}),
+    *_longer_test_groups(),
     Group("find a name among alive keys", FindName(), Shape(heads=1, head_dim=4),
           ("fpa", "fpa_nolevel", "fpa_querylevel", "selective"),
           {"fpa": "15/15", "fpa_nolevel": "fails", "fpa_querylevel": "fails", "selective": "13/15"}),
@@ -92,6 +238,7 @@ GROUPS: list[Group] = [
           steps=1500),
     Group("mqar, 4 layers", Mqar(), Shape(heads=2, head_dim=16, layers=4, width=64), ("fpa",), {"fpa": "0/15"},
           steps=1500),
+    *_mqar_regime_and_find_name_groups(),
 ]
 
 

@@ -4,9 +4,33 @@ Data: a training pool and a held-out set are drawn once per row from fixed gener
 sees the same pool and is scored on the same held-out sequences (paired seeds, docs/probes.md). Each seed draws
 its own minibatches from the pool. Optimiser: AdamW (no weight decay unless ``Budget.weight_decay`` asks for it),
 one-cycle learning rate (linear warm-up over the first 10 % of the steps, then linear decay to zero).
+
+**The held-out set is disjoint from the pool by construction.** The space of token sequences is split once and for
+all by a hash of each sequence's tokens: one sequence in ``Budget.holdout`` (4) is *held out* (``in_held_out``).
+The pool is drawn from the probe's distribution and keeps only sequences of the training part (rows that fall in
+the held-out part are dropped and more are drawn); the held-out set keeps only sequences of the held-out part.
+Why this, and not the alternatives:
+- *excluding the held-out set's own sequences from the pool* fails where a probe's whole space is small: 2048 draws
+  of ``ladder(r=6)`` (320 sequences) or ``dip_duration`` (504) cover nearly all of it, and nothing is left to train
+  on. A fixed share of the space keeps 3/4 of it for training whatever its size, and a space of any size but the
+  tiniest gets a held-out part;
+- *fresh sequences every step* would cost a generator call per step and seed (a plain Python loop for most probes,
+  15 × 128 sequences a step), and would give each seed different data, where a pool drawn once gives every backend
+  and seed the same sequences (the paired design of the sign test);
+- the split depends on the tokens alone, not on which sequences a draw happened to produce, so pools of any size,
+  a group's separate test probe (``Group.test_probe``: train at one setting, test at another) and later runs all
+  agree on which side a sequence lies. The hash is blake2b (well mixed: a linear hash or a CRC taken modulo 4 is a
+  parity of token bits, which a label such as a majority can correlate with).
+For the large spaces of most probes the two parts are each a uniform random share of the space, so the pool and the
+held-out set are, to within that share, draws from the probe's own distribution. A small space has a small held-out
+part, which need not hold every class (``dip_duration(duration=fixed)``: 28 of its 112 sequences, none of class 2);
+a row records how many distinct sequences its held-out set has (``RowRun.held_out_distinct``), and such probes need
+a larger space rather than a larger share. A quarter rather than less: the held-out part of a small space is then
+as large as it can be while training keeps most of the space (``ladder(r=10)``: about 2300 of 9216 sequences).
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 import zlib
@@ -37,10 +61,16 @@ class Budget:
     """Training sequences drawn once per row (at most steps × batch)."""
     test: int = 2048
     """Held-out sequences."""
+    holdout: int = 4
+    """One sequence in `holdout` of the probe's sequence space is held out: never in the pool, the only kind in the
+    held-out set (``in_held_out``; the module docstring says why)."""
 
     def __post_init__(self):
         if self.steps < 1 or self.batch < 1 or self.pool < 1 or self.test < 1:
             raise ValueError(f"probe budget: steps, batch, pool and test must be positive, got {self}")
+        if self.holdout < 2:
+            raise ValueError(f"probe budget: holdout must be at least 2 (one sequence in holdout is held out), "
+                             f"got {self.holdout}")
         if not (self.lr > 0 and 0 <= self.warmup < 1 and self.weight_decay >= 0):
             raise ValueError(f"probe budget: lr must be positive, warmup in [0, 1) and weight_decay non-negative, "
                              f"got {self.lr}, {self.warmup}, {self.weight_decay}")
@@ -58,17 +88,76 @@ class RowRun:
     final_loss: list[float]
     """Per seed, the training loss averaged over the last 5 % of the steps."""
     seconds: float
+    held_out_distinct: int = 0
+    """How many distinct sequences the held-out set holds (fewer than its size where the probe's space is small)."""
     ensemble: SeedEnsemble | None = field(default=None, repr=False)
     """The trained seeds, for analyses after training (not part of a row's record)."""
+
+
+def seeded(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def in_held_out(tokens: torch.Tensor, holdout: int) -> torch.Tensor:
+    """(N, T) token rows -> (N,) bool: whether each sequence lies in the held-out part of the sequence space, one
+    sequence in `holdout`. A function of the tokens alone (blake2b of the row as int64), the same on every machine."""
+    rows = tokens.detach().to("cpu", torch.int64).contiguous().numpy()
+    digests = [int.from_bytes(hashlib.blake2b(row.tobytes(), digest_size=8).digest(), "little") for row in rows]
+    return torch.tensor([d % holdout == 0 for d in digests], dtype=torch.bool)
+
+
+MAX_DRAW_ROUNDS = 50
+
+
+def draw_part(probe: Probe, n: int, seed: int, holdout: int, held_out: bool) -> ProbeBatch:
+    """n sequences of `probe` drawn with generator `seed`, keeping only those of one part of the space (the held-out
+    part if `held_out`, else the training part), in the order drawn. Raises if the part seems to be empty."""
+    gen, kept, have = seeded(seed), [], 0
+    share = 1 / holdout if held_out else 1 - 1 / holdout
+    for _ in range(MAX_DRAW_ROUNDS):
+        if have >= n:
+            break
+        batch = probe.sample(math.ceil((n - have) / share * 1.1) + 16, gen)  # about what the rest needs
+        keep = in_held_out(batch.tokens, holdout) == held_out
+        kept.append(ProbeBatch(batch.tokens[keep], batch.labels[keep]))
+        have += int(keep.sum())
+    if have < n:
+        raise RuntimeError(f"{probe.key}: only {have} of {n} sequences drawn in {MAX_DRAW_ROUNDS} rounds fall in the "
+                           f"{'held-out' if held_out else 'training'} part of its sequence space (one in {holdout} "
+                           f"is held out): the space is too small for this split")
+    return ProbeBatch(torch.cat([b.tokens for b in kept])[:n], torch.cat([b.labels for b in kept])[:n])
+
+
+def held_out_set(probe: Probe, n: int, holdout: int = Budget.holdout) -> ProbeBatch:
+    """The held-out set of a row: n sequences of the held-out part, drawn from generator ``TEST_SEED``."""
+    return draw_part(probe, n, TEST_SEED, holdout, held_out=True)
+
+
+def training_pool(probe: Probe, n: int, holdout: int = Budget.holdout) -> ProbeBatch:
+    """The training pool of a row: n sequences of the training part, drawn from generator ``POOL_SEED``."""
+    return draw_part(probe, n, POOL_SEED, holdout, held_out=False)
+
+
+def check_test_probe(probe: Probe, test_probe: Probe) -> None:
+    """A probe that tests a model trained on `probe` must speak its language: the same tokens and classes."""
+    if test_probe.vocab() != probe.vocab() or test_probe.classes() != probe.classes():
+        raise ValueError(f"test probe {test_probe.key} differs from the training probe {probe.key} in its "
+                         f"vocabulary or classes, so a model trained on one cannot be scored on the other")
+
+
+def row_data(probe: Probe, budget: Budget, test_probe: Probe | None = None) -> tuple[ProbeBatch, ProbeBatch]:
+    """A row's (pool, held-out set): min(pool, steps × batch) training sequences of `probe` and ``budget.test``
+    held-out ones, of `test_probe` where given (a group trained at one setting and tested at another), else of
+    `probe`. Disjoint by construction (module docstring)."""
+    if test_probe is not None:
+        check_test_probe(probe, test_probe)
+    pool = training_pool(probe, min(budget.pool, budget.steps * budget.batch), budget.holdout)
+    return pool, held_out_set(test_probe or probe, budget.test, budget.holdout)
 
 
 def make_model(probe: Probe, variant: Variant, shape: Shape) -> ProbeModel:
     attention = variant.attention(shape.layers, dcp_dim=shape.head_dim)
     return ProbeModel(probe.vocab_size, probe.n_classes, shape, attention, probe.reads_token)
-
-
-def seeded(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
 
 
 def per_seed_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -95,12 +184,14 @@ def accuracy(ensemble: SeedEnsemble, data: ProbeBatch, chunk: int = 512) -> list
 
 
 def train_row(probe: Probe, variant: Variant, shape: Shape, seeds: list[int], budget: Budget,
-              device: torch.device, progress: Callable[[int, float], None] | None = None) -> RowRun:
-    """Train every seed of one row together; `progress(step, mean loss)` is called every few steps."""
+              device: torch.device, progress: Callable[[int, float], None] | None = None,
+              test_probe: Probe | None = None) -> RowRun:
+    """Train every seed of one row together on `probe` and score it on held-out sequences of `test_probe` (default:
+    `probe`); `progress(step, mean loss)` is called every few steps."""
     started = time.time()
-    pool_size = min(budget.pool, budget.steps * budget.batch)
-    pool = probe.sample(pool_size, seeded(POOL_SEED)).to(device)
-    test = probe.sample(budget.test, seeded(TEST_SEED)).to(device)
+    pool, test = row_data(probe, budget, test_probe)
+    pool, test = pool.to(device), test.to(device)
+    pool_size = pool.tokens.shape[0]
     ensemble = SeedEnsemble(lambda: make_model(probe, variant, shape), seeds).to(device)
     optimizer = torch.optim.AdamW(ensemble.decay_groups(budget.weight_decay), lr=budget.lr, betas=(0.9, 0.98))
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, budget.lr_factor)
@@ -119,4 +210,5 @@ def train_row(probe: Probe, variant: Variant, shape: Shape, seeds: list[int], bu
             recent += loss.detach()
         if progress is not None and ((step + 1) % 50 == 0 or step == budget.steps - 1):
             progress(step + 1, float(loss.detach().mean()))
-    return RowRun(accuracy(ensemble, test), (recent / tail).tolist(), time.time() - started, ensemble)
+    return RowRun(accuracy(ensemble, test), (recent / tail).tolist(), time.time() - started,
+                  held_out_distinct=len(torch.unique(test.tokens, dim=0)), ensemble=ensemble)

@@ -18,8 +18,8 @@ def test_a_tiny_table_trains_writes_json_and_resumes(tmp_path, capsys, monkeypat
     trained = {}  # (probe key, variant description) -> (probe, the trained seeds, held-out size)
     real_train_row = runner.train_row
 
-    def keep_models(probe, variant, shape, seeds, budget, device, progress=None):
-        run = real_train_row(probe, variant, shape, seeds, budget, device, progress)
+    def keep_models(probe, variant, shape, seeds, budget, device, progress=None, test_probe=None):
+        run = real_train_row(probe, variant, shape, seeds, budget, device, progress, test_probe=test_probe)
         trained[(probe.key, variant.description)] = (probe, run.ensemble, budget.test)
         return run
 

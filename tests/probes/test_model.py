@@ -64,7 +64,7 @@ def test_the_model_is_bounded():
 
 def test_a_row_trains_and_learns_on_cpu():
     budget = Budget(steps=60, batch=32, lr=3e-2, test=256)
-    probe = Ladder(r=3)
+    probe = Ladder(r=5)  # 128 sequences, 32 held out (train.in_held_out); r = 3 has 16, of which 2 are held out
     run = train_row(probe, variant("sdpa"), Shape(width=16), [0, 1], budget, torch.device("cpu"))
     assert len(run.accuracies) == 2
     for i, accuracy in enumerate(run.accuracies):  # each seed's recorded accuracy, recomputed from its model alone

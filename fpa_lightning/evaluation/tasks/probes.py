@@ -100,7 +100,7 @@ def run(args: argparse.Namespace, models: list[LoadedModel], runtime: Runtime, d
     if os.path.exists(partial):
         os.remove(partial)  # probes.json, written next, holds every row
     comps = comparisons(rows)
-    table = markdown_table(rows, comps) + "\n" + comparison_table(comps)
+    table = markdown_table(rows, comps) + "\n" + comparison_table(comps, rows)
     with open(os.path.join(args.out, "probes.md"), "w", encoding="utf-8") as f:
         f.write(table)
     print(table)

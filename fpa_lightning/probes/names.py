@@ -21,6 +21,47 @@ from fpa_lightning.probes.base import BOS, IGNORE, Probe, ProbeBatch, sample_eac
 from fpa_lightning.probes.model import ProbeModel
 
 
+def _scoped_row(probe, rng: random.Random, bind) -> tuple[list[int], list[int]] | None:
+    """One sequence of a scoped-binding probe (its length, MAX_DEPTH, OPEN, CLOSE and query): a random nest of
+    blocks and bindings after BOS, then the query of a name with exactly one alive binding and at least one dead
+    one, labelled with the alive binding's value; None when no name qualifies (the draw is rejected).
+
+    bind(rng, depth) -> (token, name, value, scoped) draws one binding; a scoped binding dies when the block it was
+    written in closes (the outermost level never closes), an unscoped one never dies."""
+    tokens, depth = [BOS], 0
+    open_blocks = [[]]  # per open block, the indices of its scoped bindings (the outermost, never closed, first)
+    bindings, alive = [], []  # (name, value) of every binding, and whether it is still alive
+    for _ in range(probe.length):
+        choice = rng.random()
+        if choice < 0.2 and depth < probe.MAX_DEPTH:
+            tokens.append(probe.OPEN)
+            depth += 1
+            open_blocks.append([])
+        elif choice < 0.4 and depth > 0:
+            tokens.append(probe.CLOSE)
+            depth -= 1
+            for i in open_blocks.pop():
+                alive[i] = False
+        else:
+            token, name, value, scoped = bind(rng, depth)
+            tokens.append(token)
+            bindings.append((name, value))
+            alive.append(True)
+            if scoped:
+                open_blocks[-1].append(len(bindings) - 1)
+    names = {nm for nm, _ in bindings}
+    candidates = [x for x in sorted(names)
+                  if sum(a for (nm, _), a in zip(bindings, alive) if nm == x) == 1
+                  and any(not a for (nm, _), a in zip(bindings, alive) if nm == x)]
+    if not candidates:
+        return None
+    x = rng.choice(candidates)
+    value = next(v for (nm, v), a in zip(bindings, alive) if nm == x and a)
+    tokens.append(probe.query(x))
+    return tokens, [IGNORE] * (len(tokens) - 1) + [value]
+
+
+
 @dataclass(frozen=True)
 class _Bindings(Probe):
     names: int = 4
@@ -74,36 +115,11 @@ class FindName(_Bindings):
         return sample_each(n, gen, self._one)
 
     def _one(self, rng: random.Random):
-        tokens, depth = [BOS], 0
-        open_blocks = [[]]  # per open block, the indices of its local bindings
-        bindings, alive = [], []  # (name, value) of every binding, and whether it is still alive
-        for _ in range(self.length):
-            choice = rng.random()
-            if choice < 0.2 and depth < self.MAX_DEPTH:
-                tokens.append(self.OPEN)
-                depth += 1
-                open_blocks.append([])
-            elif choice < 0.4 and depth > 0:
-                tokens.append(self.CLOSE)
-                depth -= 1
-                for i in open_blocks.pop():
-                    alive[i] = False
-            else:
-                is_global, name, value = rng.random() < 0.3, rng.randrange(self.names), rng.randrange(self.values)
-                tokens.append(self.binding(is_global, name, value))
-                bindings.append((name, value))
-                alive.append(True)
-                if not is_global:
-                    open_blocks[-1].append(len(bindings) - 1)
-        candidates = [x for x in range(self.names)
-                      if sum(a for (nm, _), a in zip(bindings, alive) if nm == x) == 1
-                      and any(not a for (nm, _), a in zip(bindings, alive) if nm == x)]
-        if not candidates:
-            return None
-        x = rng.choice(candidates)
-        value = next(v for (nm, v), a in zip(bindings, alive) if nm == x and a)
-        tokens.append(self.query(x))
-        return tokens, [IGNORE] * (len(tokens) - 1) + [value]
+        def bind(rng, depth):  # global with probability 0.3, named in its token
+            is_global, name, value = rng.random() < 0.3, rng.randrange(self.names), rng.randrange(self.values)
+            return self.binding(is_global, name, value), name, value, not is_global
+
+        return _scoped_row(self, rng, bind)
 
     def reference_labels(self, tokens: list[int]) -> list[int]:
         """Walk form: "(" climbs, ")" steps down; a local binding is alive while the walk never goes below its
@@ -155,35 +171,11 @@ class FindNameByPlace(_Bindings):
         return sample_each(n, gen, self._one)
 
     def _one(self, rng: random.Random):
-        tokens, depth = [BOS], 0
-        open_blocks = [[]]  # per open block, the indices of its bindings (the outermost, never closed, first)
-        bindings, alive = [], []
-        for _ in range(self.length):
-            choice = rng.random()
-            if choice < 0.2 and depth < self.MAX_DEPTH:
-                tokens.append(self.OPEN)
-                depth += 1
-                open_blocks.append([])
-            elif choice < 0.4 and depth > 0:
-                tokens.append(self.CLOSE)
-                depth -= 1
-                for i in open_blocks.pop():
-                    alive[i] = False
-            else:
-                name, value = rng.randrange(self.names), rng.randrange(self.values)
-                tokens.append(self.binding(name, value))
-                bindings.append((name, value))
-                alive.append(True)
-                open_blocks[-1].append(len(bindings) - 1)
-        candidates = [x for x in range(self.names)
-                      if sum(a for (nm, _), a in zip(bindings, alive) if nm == x) == 1
-                      and any(not a for (nm, _), a in zip(bindings, alive) if nm == x)]
-        if not candidates:
-            return None
-        x = rng.choice(candidates)
-        value = next(v for (nm, v), a in zip(bindings, alive) if nm == x and a)
-        tokens.append(self.query(x))
-        return tokens, [IGNORE] * (len(tokens) - 1) + [value]
+        def bind(rng, depth):  # one token per (name, value): only the block it is written in makes it local
+            name, value = rng.randrange(self.names), rng.randrange(self.values)
+            return self.binding(name, value), name, value, True
+
+        return _scoped_row(self, rng, bind)
 
     def reference_labels(self, tokens: list[int]) -> list[int]:
         """Scopes by brackets: a binding is alive unless the block it was written in (if any) has closed."""

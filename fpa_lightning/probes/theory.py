@@ -123,26 +123,41 @@ def linear_threshold_head(probe: Ladder, sharpness: float = 40.0) -> ProbeModel:
     return model
 
 
+DEPTH_BETA, DEPTH_MARGIN, DEPTH_SCORE = 4.0, 6.0, 40.0
+"""The depth heads' constants: β, and the query's scores of the marked key (40) and BOS (40 − 6)."""
+
+
+def _marked_key_head(probe, query: int, mark: int) -> tuple[torch.Tensor, ...]:
+    """q, k, v (d, V) and gate maps (3, V) of a depth head: the query token scores the marked key at 40, BOS at 34
+    and every other key at −34, and only the marked key has a value (1). The caller sets the walk in ``gate``."""
+    V = probe.vocab_size
+    q, k, v, gate = torch.zeros(HEAD_DIM, V), torch.zeros(HEAD_DIM, V), torch.zeros(HEAD_DIM, V), torch.zeros(3, V)
+    q[:2, query] = torch.tensor([DEPTH_SCORE, DEPTH_SCORE - DEPTH_MARGIN])
+    k[1] = -1.0  # every key scores −34 ...
+    k[:, mark] = torch.tensor([1.0, 0.0, 0.0, 0.0])  # ... but the marked key (40) and BOS (34)
+    k[:, 0] = torch.tensor([0.0, 1.0, 0.0, 0.0])
+    v[0, mark] = 1.0
+    gate[2, 0] = BOS_LEVEL
+    return q, k, v, gate
+
+
+def _read_nearest_depth(model: ProbeModel, max_class: int) -> None:
+    """The head's output is σ(6 − β·depth): class c wins where the output is nearest its level (2·m·a − m², scaled)."""
+    levels = [1 / (1 + math.exp(-(DEPTH_MARGIN - DEPTH_BETA * j))) for j in range(max_class + 1)]
+    with torch.no_grad():
+        for c, level in enumerate(levels):
+            model.readout.weight[c, 0] = 100 * 2 * level
+            model.readout.bias[c] = -100 * level**2
+
+
 def _dip_duration_head(probe: DipDuration, reduction: str) -> ProbeModel:
     model = _model(probe, reduction)
-    V, beta, margin, score = probe.vocab_size, 4.0, 6.0, 40.0
-    q, k, v, gate = torch.zeros(HEAD_DIM, V), torch.zeros(HEAD_DIM, V), torch.zeros(HEAD_DIM, V), torch.zeros(3, V)
-    sink = score - margin
-    q[:2, probe.QUERY] = torch.tensor([score, sink])
-    k[1] = -1.0  # every key scores −c ...
-    k[:, probe.MARK] = torch.tensor([1.0, 0.0, 0.0, 0.0])  # ... but the marked push (A) and BOS (c)
-    k[:, 0] = torch.tensor([0.0, 1.0, 0.0, 0.0])
-    v[0, probe.MARK] = 1.0
+    q, k, v, gate = _marked_key_head(probe, probe.QUERY, probe.MARK)  # the marked push is A
     gate[0, [probe.PUSH, probe.MARK]] = 1.0
     for depth in range(1, probe.r):
         gate[1, probe.dip(depth)] = -depth
-    gate[2, 0] = BOS_LEVEL
-    _set_head(model, q, k, v, gate, beta)
-    levels = [1 / (1 + math.exp(-(margin - beta * j))) for j in range(probe.MAX_CLASS + 1)]
-    with torch.no_grad():
-        for c, level in enumerate(levels):  # the nearest level wins: 2·m·a − m², scaled
-            model.readout.weight[c, 0] = 100 * 2 * level
-            model.readout.bias[c] = -100 * level**2
+    _set_head(model, q, k, v, gate, DEPTH_BETA)
+    _read_nearest_depth(model, probe.MAX_CLASS)
     return model
 
 
@@ -344,22 +359,11 @@ def dip_depth_head(probe: DipDepth, reduction: str = "min") -> ProbeModel:
     if not isinstance(probe, DipDepth):
         raise TypeError(f"dip_depth_head is defined for dip_depth, got {probe.name}")
     model = _model(probe, reduction)
-    V, beta, margin, score = probe.vocab_size, 4.0, 6.0, 40.0
-    q, k, v, gate = torch.zeros(HEAD_DIM, V), torch.zeros(HEAD_DIM, V), torch.zeros(HEAD_DIM, V), torch.zeros(3, V)
-    q[:2, probe.Q] = torch.tensor([score, score - margin])
-    k[1] = -1.0  # every key scores −34 ...
-    k[:, probe.M] = torch.tensor([1.0, 0.0, 0.0, 0.0])  # ... but M (40) and BOS (34)
-    k[:, 0] = torch.tensor([0.0, 1.0, 0.0, 0.0])
-    v[0, probe.M] = 1.0
+    q, k, v, gate = _marked_key_head(probe, probe.Q, probe.M)
     for token, step in probe.STEP.items():
         gate[0, token] = float(step)
-    gate[2, 0] = BOS_LEVEL
-    _set_head(model, q, k, v, gate, beta)
-    levels = [1 / (1 + math.exp(-(margin - beta * depth))) for depth in range(probe.MAX_CLASS + 1)]
-    with torch.no_grad():
-        for c, level in enumerate(levels):  # the nearest level wins: 2·m·a − m², scaled
-            model.readout.weight[c, 0] = 100 * 2 * level
-            model.readout.bias[c] = -100 * level**2
+    _set_head(model, q, k, v, gate, DEPTH_BETA)
+    _read_nearest_depth(model, probe.MAX_CLASS)
     return model
 
 

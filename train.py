@@ -3,6 +3,14 @@
 A config name that is not a file in the working directory is looked up in this repository's ``configs/`` (the run
 says which file it used); ``--config configs/<name>.yaml`` works as well.
 
+Bases (overlays): a config file whose top level has ``base: <file>`` holds only what differs from that file;
+``--config overlay.yaml`` is read as ``--config <file> --config overlay.yaml`` (LightningCLI merges repeated
+``--config`` in order, later over earlier: a mapping merges key by key, a list replaces the base's list). ``<file>``
+is a path relative to the folder of the file that names it, else a name in ``configs/``; a base may have its own
+base (``configs/study/fpa.yaml`` -> ``configs/base/study.yaml`` -> ``configs/base/110m.yaml``). A base that exists
+nowhere, or a chain that comes back to a file it passed through, is an error before anything is parsed. The key
+itself is dropped: ``--print_config`` and the run's saved ``config.yaml`` hold the full merged config, no ``base``.
+
 The model is ``modules.LanguageModel``; ``data`` takes any ``datamodules.TextDataModule`` subclass
 (``data.class_path``). Every run gets a TensorBoard logger under ``runs/<name>/version_<n>`` (the YAML
 names it), a ModelCheckpoint (``checkpoint.*``: the best by ``val/loss`` plus ``last.ckpt``, in the
@@ -19,10 +27,12 @@ Safety (README "Safety and resume"): checkpoints are written atomically (``modul
 """
 from __future__ import annotations
 
+import argparse
 import os
 import pathlib
 import sys
 
+import yaml
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.plugins.io import TorchCheckpointIO
@@ -37,6 +47,7 @@ from modules.checkpoint_io import AtomicCheckpointIO, is_remote
 from modules.guards import NonFiniteLossError
 
 CONFIG_DIR = pathlib.Path(__file__).resolve().parent / "configs"
+BASE_KEY = "base"  # a config file's top-level key naming the file it overlays (module docstring, "Bases")
 TRAINER_DEFAULTS = {
     "logger": {
         "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
@@ -47,6 +58,9 @@ TRAINER_DEFAULTS = {
 
 class TrainCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        # An overlay's ``base: <file>`` (expanded by with_resolved_configs before parsing): accepted and dropped from
+        # --print_config and the saved config.yaml (a suppressed option is never dumped).
+        parser.add_argument(f"--{BASE_KEY}", default=None, help=argparse.SUPPRESS)
         # A parser-level callback (not a trainer.callbacks entry), so a YAML that lists its own
         # callbacks adds to it instead of replacing it.
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
@@ -140,17 +154,67 @@ def resolve_config(name: str) -> str:
     raise SystemExit(f"train.py: error: config {name!r} is neither a file nor in {CONFIG_DIR}; available: {available}")
 
 
+def config_chain(path: str, _through: tuple[str, ...] = ()) -> list[str]:
+    """``[..., base of base, base, path]``: the files a config overlays through its top-level ``base: <file>`` key,
+    the farthest first (module docstring, "Bases"). ``<file>``: relative to ``path``'s folder, else in ``configs/``.
+    A missing base or a cycle is an error; a file that is not readable YAML is left to the parser to report."""
+    real = os.path.realpath(path)
+    if real in _through:
+        cycle = " -> ".join(_through[_through.index(real):] + (real,))
+        raise SystemExit(f"train.py: error: config {path!r}: the {BASE_KEY!r} chain is a cycle: {cycle}")
+    try:
+        data = yaml.safe_load(pathlib.Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return [path]
+    base = data.get(BASE_KEY) if isinstance(data, dict) else None
+    if base is None:
+        return [path]
+    if not isinstance(base, str) or not base:
+        raise SystemExit(f"train.py: error: config {path!r}: {BASE_KEY!r} must be a file name, got {base!r}")
+    near, in_configs = os.path.join(os.path.dirname(path), base), CONFIG_DIR / base
+    if os.path.isfile(near):
+        found = near
+    elif in_configs.is_file():
+        found = str(in_configs)
+    else:
+        raise SystemExit(f"train.py: error: config {path!r}: its {BASE_KEY} {base!r} is neither {near!r} nor "
+                         f"{str(in_configs)!r}")
+    return config_chain(found, _through + (real,)) + [path]
+
+
 def with_resolved_configs(args: list[str]) -> list[str]:
-    """``--config NAME`` / ``--config=NAME`` / ``-c NAME`` with each NAME resolved by ``resolve_config``."""
-    out, expect_path = [], False
+    """``--config NAME`` / ``--config=NAME`` / ``-c NAME`` with each NAME resolved by ``resolve_config``, and preceded
+    by its bases (``config_chain``), each as a ``--config`` of its own. Idempotent: bases that already stand right
+    before their overlay are not added again (a DDP launch re-runs this script with the rewritten ``sys.argv``)."""
+    out, flag, recent = [], None, []  # recent: the real paths of the --config values just before, in a row
+
+    def add(option: str, name: str) -> None:
+        chain = config_chain(resolve_config(name))
+        bases = [os.path.realpath(path) for path in chain[:-1]]
+        if bases and recent[-len(bases):] == bases:
+            chain = chain[-1:]
+        for i, path in enumerate(chain):
+            if option == "--config=":
+                out.append(f"--config={path}")
+            else:  # the first path's option is already in out
+                out.extend([option, path] if i else [path])
+            recent.append(os.path.realpath(path))
+
     for arg in args:
-        if expect_path:
-            arg, expect_path = resolve_config(arg), False
+        if flag:
+            add(flag, arg)
+            flag = None
         elif arg in ("--config", "-c"):
-            expect_path = True
+            out.append(arg)
+            flag = arg
         elif arg.startswith("--config="):
-            arg = "--config=" + resolve_config(arg.split("=", 1)[1])
-        out.append(arg)
+            add("--config=", arg.split("=", 1)[1])
+        elif arg.split("=", 1)[0] == f"--{BASE_KEY}":
+            raise SystemExit(f"train.py: error: {BASE_KEY!r} is a key of a config file; on the command line, give "
+                             f"the base as an earlier --config")
+        else:
+            out.append(arg)
+            recent = []
     return out
 
 

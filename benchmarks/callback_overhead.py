@@ -16,7 +16,8 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from torch.utils.data import DataLoader
 
 from callbacks import HeadSurvivalCallback
-from fpa_lightning.config import AttentionConfig, ModelConfig
+from fpa_lightning.attention import AttentionConfig
+from fpa_lightning.config import ModelConfig
 from modules.language_model import LanguageModel, OptimConfig
 
 SEQ, ROWS, VOCAB = 256, 4, 512  # configs/quickstart.yaml: seq_len 256 (its batch is 8, its vocabulary 32,000)

@@ -23,9 +23,8 @@ import math
 import torch
 
 from fpa_lightning import Decoder, ModelConfig
-from fpa_lightning.analysis.pruning import PruneRule
 from fpa_lightning.evaluation.checkpoint import load_decoder
-from fpa_lightning.generation import DecodeSession, cast_weights
+from fpa_lightning.generation import DecodeSession, PruneRule, cast_weights
 
 SHAPES_110M = dict(vocab_size=32000, n_layer=12, d_model=768, n_head=12, d_mlp=2048, max_seq_len=2048)
 SHAPES_TINY = dict(vocab_size=512, n_layer=2, d_model=64, n_head=2, d_mlp=128, max_seq_len=64)

@@ -46,7 +46,8 @@ class GenerationWriter(BasePredictionWriter):
 
     def write_on_batch_end(self, trainer, pl_module, prediction: dict, batch_indices, batch, batch_idx: int,
                            dataloader_idx: int) -> None:
-        tokenizer, eos_id, stats = trainer.datamodule.tokenizer, prediction["eos_id"], prediction["stats"]
+        prompts, stats = trainer.datamodule, prediction["stats"]  # the data module holds the tokenizer and EOS id
+        tokenizer, eos_id = prompts.tokenizer, prompts.eos_id
         for index, prompt, prompt_ids, output in zip(prediction["index"], prediction["prompt"],
                                                      prediction["input_ids"], prediction["output_ids"]):
             new = output[len(prompt_ids):].tolist()

@@ -2,15 +2,15 @@
 
 A ``TextDataModule`` (same tokenizer and options, so a training config's ``data`` section carries over) whose
 predict split is a file of prompts: ``.txt`` (one prompt per non-empty line) or ``.jsonl`` (a ``prompt`` field per
-record). Each batch holds the prompts' token ids (BOS first), their texts and indices, and the generation settings
-(``fpa_lightning.generation.GenerationConfig``), which ``LanguageModel.predict_step`` applies; the
+record). Each batch holds data only: the prompts' token ids (BOS first), their texts and indices. The generation
+settings (``fpa_lightning.generation.GenerationConfig``, the ``generation`` section) and the EOS id belong to the data
+module, set once for the run: ``LanguageModel.predict_step`` reads them from ``trainer.datamodule`` and the
 ``callbacks.GenerationWriter`` writes the results as JSONL.
 """
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict
 
 import torch
 from torch.utils.data import DataLoader
@@ -44,7 +44,8 @@ class PromptDataModule(TextDataModule):
 
     Args:
         prompts: path of the prompt file.
-        generation: how to continue them (max_new_tokens, temperature, top_k, top_p, prune_threshold, ...).
+        generation: how to continue them (max_new_tokens, temperature, top_k, top_p, prune_threshold, ...); held
+            here for the whole run (``self.generation``), not copied into the batches.
         predict_batch_size: prompts per batch (a batch may mix prompt lengths).
         **kwargs: ``TextDataModule`` options (the tokenizer, ...), e.g. the training config's ``data`` section.
     """
@@ -68,5 +69,4 @@ class PromptDataModule(TextDataModule):
 
     def _collate(self, items: list) -> dict:
         return {"index": [i for i, _, _ in items], "prompt": [text for _, text, _ in items],
-                "input_ids": [torch.tensor(ids) for _, _, ids in items],
-                "generation": asdict(self.generation), "eos_id": self.eos_id}
+                "input_ids": [torch.tensor(ids) for _, _, ids in items]}

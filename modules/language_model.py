@@ -164,9 +164,14 @@ class LanguageModel(L.LightningModule):
         self.test_loss.update(self.token_losses(batch))
 
     def predict_step(self, batch: dict, batch_idx: int) -> dict:
-        """Continues a ``datamodules.PromptDataModule`` batch (``fpa_lightning.generation``); adds output_ids, stats."""
-        settings = GenerationConfig(**batch["generation"])
-        ids, stats = settings.generate(self.model, batch["input_ids"], batch["eos_id"], batch_idx)
+        """Continues a ``datamodules.PromptDataModule`` batch (``fpa_lightning.generation``) with that data module's
+        generation settings and EOS id, set once for the run; adds output_ids, stats."""
+        prompts = self.trainer.datamodule
+        settings = getattr(prompts, "generation", None)
+        if not isinstance(settings, GenerationConfig):
+            raise TypeError("predict continues prompts: it needs a data module with generation settings "
+                            f"(datamodules.PromptDataModule), got {type(prompts).__name__}")
+        ids, stats = settings.generate(self.model, batch["input_ids"], prompts.eos_id, batch_idx)
         return {**batch, "output_ids": ids, "stats": stats}
 
     def on_before_optimizer_step(self, optimizer) -> None:

@@ -1,4 +1,7 @@
-"""Every YAML in configs/ goes through the real CLI parser and is instantiated; bad configs fail clearly."""
+"""Every YAML in configs/ goes through the real CLI parser and is instantiated (an overlay through its base); the
+110M overlays hold only their attention and run name; a missing base or a cycle of bases is a clear error; bad configs
+fail clearly."""
+import os
 import pathlib
 
 import pytest
@@ -10,6 +13,9 @@ from train import main
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 CONFIGS = sorted(REPO.glob("configs/*.yaml"))
+BASES = sorted(REPO.glob("configs/base/*.yaml"))  # the shared part of overlays (train.py's docstring, "Bases")
+OVERLAYS_110M = [p for p in CONFIGS if p.stem.endswith("_110m")]
+BASE_110M = REPO / "configs" / "base" / "110m.yaml"
 QUICKSTART = REPO / "configs" / "quickstart.yaml"
 # Decoder.num_parameters() of the 110M configs (tied embeddings counted once); README's table shows them.
 PARAMETERS_110M = {"fpa": 109_862_208, "fox": 109_640_592, "sdpa": 109_529_856, "selective": 109_529_856,
@@ -29,7 +35,21 @@ def _offline(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
 
 
-@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.stem)
+def printed_config(capsys, *args: str) -> dict:
+    """The resolved config that ``train.py fit <args> --print_config`` prints (the full merged one for an overlay)."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", *args, "--print_config"])
+    assert exit_info.value.code in (0, None)
+    return yaml.safe_load(capsys.readouterr().out)
+
+
+def test_every_config_file_is_instantiated_by_a_test():
+    """configs/*.yaml and configs/base/*.yaml here, configs/study/*.yaml in tests/test_study_configs.py."""
+    every = set(REPO.glob("configs/**/*.yaml"))
+    assert every == set(CONFIGS) | set(BASES) | set(REPO.glob("configs/study/*.yaml"))
+
+
+@pytest.mark.parametrize("config", CONFIGS + BASES, ids=lambda p: str(p.relative_to(REPO / "configs")))
 def test_config_instantiates(config):
     if config.stem.endswith("_1b"):  # parameters on the meta device: counted, never allocated (4 GB) nor initialised
         with torch.device("meta"):
@@ -49,16 +69,105 @@ def test_config_instantiates(config):
         assert cli.trainer.precision == "bf16-mixed"
 
 
-def without_attention_and_name(config: pathlib.Path) -> dict:
-    data = yaml.safe_load(config.read_text())
-    del data["model"]["model"]["attention"]
-    del data["trainer"]["logger"]["init_args"]["name"]
-    return data
+def without_attention_and_name(config: dict) -> dict:
+    del config["model"]["model"]["attention"]["backend"], config["model"]["model"]["attention"]["positional"]
+    del config["trainer"]["logger"]["init_args"]["name"]
+    return config
 
 
-def test_110m_configs_differ_only_in_attention_and_run_name():
-    first, *others = [without_attention_and_name(p) for p in CONFIGS if p.stem.endswith("_110m")]
+def flat(data: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in data.items():
+        out.update(flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
+    return out
+
+
+@pytest.mark.parametrize("config", OVERLAYS_110M, ids=lambda p: p.stem)
+def test_110m_overlay_is_its_base_plus_attention_and_run_name(config, capsys):
+    """The file holds only what differs (each fact once); resolved, it is base/110m.yaml with its attention and name."""
+    backend = config.stem.removesuffix("_110m")
+    positional = "none" if backend in ("fpa", "fox") else "rope"
+    assert flat(yaml.safe_load(config.read_text())) == {
+        "base": "base/110m.yaml", "trainer.logger.init_args.name": config.stem,
+        "model.model.attention.backend": backend, "model.model.attention.positional": positional}
+    resolved = printed_config(capsys, "--config", str(config))
+    assert resolved["trainer"]["logger"]["init_args"]["name"] == config.stem
+    assert {k: resolved["model"]["model"]["attention"][k] for k in ("backend", "positional")} == {
+        "backend": backend, "positional": positional}
+    assert without_attention_and_name(resolved) == without_attention_and_name(
+        printed_config(capsys, "--config", str(BASE_110M)))
+    assert "base" not in resolved  # the key is the CLI's, never part of a config
+
+
+def test_110m_configs_differ_only_in_attention_and_run_name(capsys):
+    first, *others = [without_attention_and_name(printed_config(capsys, "--config", str(p))) for p in OVERLAYS_110M]
     assert len(others) == 4 and all(other == first for other in others)
+
+
+CARD_110M = {  # README "Configs": 12 layers, width 768, 12 heads, SwiGLU 2048, context 2048, 16 x 2048 x 16 tokens
+    "seed_everything": 0, "trainer.accelerator": "auto", "trainer.devices": 1, "trainer.precision": "bf16-mixed",
+    "trainer.max_steps": 5150, "trainer.accumulate_grad_batches": 16, "trainer.gradient_clip_val": 1.0,
+    "trainer.val_check_interval": 8000, "trainer.check_val_every_n_epoch": None, "trainer.log_every_n_steps": 10,
+    "trainer.logger.init_args.save_dir": "runs",
+    "model.model.vocab_size": 32000, "model.model.n_layer": 12, "model.model.d_model": 768, "model.model.n_head": 12,
+    "model.model.d_mlp": 2048, "model.model.tie_embeddings": True,
+    "model.model.attention.impl": "auto", "model.model.attention.document_mask": False,
+    "model.optim.lr": 1.0e-3, "model.optim.betas": [0.9, 0.95], "model.optim.weight_decay": 0.1,
+    "model.optim.warmup_steps": 250, "model.optim.min_lr_ratio": 0.1,
+    "data.class_path": "datamodules.SlimPajamaDataModule", "data.init_args.source": "cerebras/SlimPajama-627B",
+    "data.init_args.seq_len": 2048, "data.init_args.batch_size": 16, "data.init_args.max_val_batches": 64,
+    "data.init_args.num_workers": 4,
+    "checkpoint.monitor": "val/loss", "checkpoint.save_last": True,
+}
+
+
+def test_fpa_110m_print_config_has_the_values_of_the_readme_card(capsys, monkeypatch):
+    """`python train.py fit --config fpa_110m.yaml --print_config` (README, "Configs"): the paper's setup as the card
+    states it, from the overlay and its base together (the same output as before the configs became overlays)."""
+    monkeypatch.chdir(REPO)
+    resolved = flat(printed_config(capsys, "--config", "fpa_110m.yaml"))
+    assert {key: resolved[key] for key in CARD_110M} == CARD_110M
+    assert resolved["model.model.attention.backend"] == "fpa" and resolved["model.model.attention.positional"] == "none"
+    assert resolved["trainer.logger.init_args.name"] == "fpa_110m"
+    assert resolved["trainer.logger.class_path"] == "lightning.pytorch.loggers.TensorBoardLogger"
+    assert [c["class_path"] for c in resolved["trainer.callbacks"]] == [
+        "callbacks.HeadSurvivalCallback", "callbacks.LongContextLossCallback"]
+    assert resolved["trainer.callbacks"][0]["init_args"]["every_n_steps"] == 250
+    assert resolved["trainer.callbacks"][1]["init_args"]["n_documents"] == 8
+
+
+def test_a_base_is_found_next_to_its_overlay_then_in_configs(tmp_path, capsys):
+    """`base: <file>` is relative to the overlay's folder, else a name in configs/; bases chain, the farthest first."""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "mid.yaml").write_text("base: fox_110m.yaml\nmodel: {optim: {lr: 0.002}}\n")  # configs/
+    (tmp_path / "mine.yaml").write_text("base: sub/mid.yaml\ntrainer: {max_steps: 7}\n")  # next to mine.yaml
+    resolved = printed_config(capsys, "--config", str(tmp_path / "mine.yaml"))
+    assert (resolved["trainer"]["max_steps"], resolved["model"]["optim"]["lr"]) == (7, 0.002)
+    assert resolved["model"]["model"]["attention"]["backend"] == "fox"  # configs/fox_110m.yaml
+    assert resolved["trainer"]["accumulate_grad_batches"] == 16  # configs/base/110m.yaml, fox_110m's base
+
+
+def test_a_missing_base_is_a_clear_error(tmp_path):
+    (tmp_path / "mine.yaml").write_text("base: nowhere.yaml\ntrainer: {max_steps: 7}\n")
+    with pytest.raises(SystemExit, match=r"config '.*mine\.yaml': its base 'nowhere\.yaml' is neither "
+                                         r"'.*nowhere\.yaml' nor '.*configs/nowhere\.yaml'"):
+        main(["fit", "--config", str(tmp_path / "mine.yaml")])
+    (tmp_path / "list.yaml").write_text("base: [a.yaml, b.yaml]\n")
+    with pytest.raises(SystemExit, match=r"'base' must be a file name, got \['a.yaml', 'b.yaml'\]"):
+        main(["fit", "--config", str(tmp_path / "list.yaml")])
+
+
+@pytest.mark.parametrize("files", [
+    {"a.yaml": "base: a.yaml\n"},                                                   # itself
+    {"a.yaml": "base: b.yaml\n", "b.yaml": "base: c.yaml\n", "c.yaml": "base: a.yaml\n"},  # a -> b -> c -> a
+], ids=["self", "three"])
+def test_a_cycle_of_bases_is_a_clear_error(tmp_path, files):
+    for name, text in files.items():
+        (tmp_path / name).write_text(text + "trainer: {max_steps: 7}\n")
+    expected = " -> ".join(os.path.realpath(tmp_path / name) for name in [*files, "a.yaml"])
+    with pytest.raises(SystemExit, match=r"the 'base' chain is a cycle: ") as exit_info:
+        main(["fit", "--config", str(tmp_path / "a.yaml"), "--print_config"])
+    assert str(exit_info.value).endswith(expected)
 
 
 @pytest.mark.parametrize("override, message", [

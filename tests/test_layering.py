@@ -1,7 +1,9 @@
 """The package layers (README, "Architecture"): the core library ``fpa_lightning`` never imports the Lightning
 layer (``datamodules``, ``modules``, ``callbacks``) nor the entry points; the Lightning layer never imports the
 entry points. Read from the source (every import statement, also inside functions), not from what happens to load.
-transformers (the optional hf extra) is imported only inside ``fpa_lightning/hf``, which loads when asked for."""
+Inside the core library, its packages and top-level modules form layers (``LIBRARY_LAYERS``): a module imports only
+from layers below its own. transformers (the optional hf extra) is imported only inside ``fpa_lightning/hf``, which
+loads when asked for."""
 import ast
 import pathlib
 import subprocess
@@ -41,6 +43,95 @@ def test_the_check_sees_an_upward_import(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("def f():\n    from datamodules import EvalCorpus\n    import callbacks.dashboard\n")
     assert imported_top_levels(bad) == {"datamodules", "callbacks"}
+
+
+# The core library's layers, lowest first: the packages and top-level modules of fpa_lightning ("__init__": the
+# package face). A module imports only from layers strictly below its own; the units of one layer import nothing of
+# each other. Every unit of the library has a layer, so a new package has to be placed here.
+LIBRARY_LAYERS = (
+    ("ops", "atomic"),                     # the inner attention ops; atomic file writes
+    ("attention",),                        # backends, their registry and AttentionConfig, the layer
+    ("config",),                           # ModelConfig (holds an AttentionConfig)
+    ("model",),                            # the Decoder
+    ("__init__", "export", "generation"),  # the package face; export folders; KV cache and decoding
+    ("analysis",),                         # maths shared by callbacks, probes and evaluation (survival, pruning, stats)
+    ("probes", "hf"),                      # the synthetic probe suite; the transformers classes
+    ("evaluation",),                       # checkpoints, tasks, the evaluation command line
+)
+
+
+def library_units(root: pathlib.Path) -> set[str]:
+    """The top-level modules and packages of a library at root (``__init__`` for its own __init__.py)."""
+    return ({path.stem for path in root.glob("*.py")}
+            | {path.parent.name for path in root.glob("*/__init__.py")})
+
+
+def imported_modules(path: pathlib.Path, package: str) -> set[str]:
+    """The dotted names a file imports, also inside functions and ``if TYPE_CHECKING:``; relative imports resolved
+    against `package` (the file's own package); ``from a import b`` gives ``a.b`` (b may be a submodule)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join(package.split(".")[:len(package.split(".")) + 1 - node.level]) if node.level else ""
+            module = ".".join(part for part in (base, node.module) if part)
+            names.update(f"{module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def layer_violations(root: pathlib.Path, layers=LIBRARY_LAYERS) -> list[str]:
+    """Imports inside the library at root that do not go to a lower layer, and units without a layer."""
+    layer_of = {unit: i for i, units in enumerate(layers) for unit in units}
+    library, units = root.name, library_units(root)
+    found = [f"{root.name}/{unit} has no layer in LIBRARY_LAYERS" for unit in sorted(units - set(layer_of))]
+
+    def unit_of(module: str) -> str | None:
+        parts = module.split(".")
+        if parts[0] != library:
+            return None
+        return parts[1] if len(parts) > 1 and parts[1] in units else "__init__"
+
+    for path in sorted(root.rglob("*.py")):
+        relative = path.relative_to(root.parent).with_suffix("")
+        own = relative.parts[1] if len(relative.parts) > 1 else "__init__"
+        package = ".".join(relative.parts[:-1])  # of fpa_lightning/a/b.py and fpa_lightning/a/__init__.py: a
+        for target in sorted({unit_of(m) for m in imported_modules(path, package)} - {None, own}):
+            if target in layer_of and own in layer_of and layer_of[target] >= layer_of[own]:
+                found.append(f"{path.relative_to(root.parent)} imports {library}.{target}, which is not below it")
+    return found
+
+
+def test_the_library_imports_only_downward():
+    assert layer_violations(REPO / "fpa_lightning") == []
+
+
+def test_the_layer_check_sees_the_old_upward_arrows(tmp_path):
+    """The two arrows that ran back up before AttentionConfig moved into attention and the shared statistics into
+    analysis: attention -> config (an import under TYPE_CHECKING) and probes -> evaluation; and a unit without a
+    layer."""
+    library = tmp_path / "fpa_lightning"
+    files = {
+        "__init__.py": "from fpa_lightning.config import ModelConfig\n",
+        "config.py": "from fpa_lightning.attention.config import AttentionConfig\n",  # downward
+        "attention/__init__.py": "",
+        "attention/layer.py": "from typing import TYPE_CHECKING\n"
+                              "if TYPE_CHECKING:\n    from fpa_lightning.config import ModelConfig\n",
+        "analysis/__init__.py": "",
+        "evaluation/__init__.py": "",
+        "evaluation/stats.py": "from ..analysis.stats import binomial_cdf\n",  # downward, relative
+        "probes/__init__.py": "",
+        "probes/stats.py": "def sign_test():\n    from fpa_lightning.evaluation.stats import binomial_at_least\n",
+        "unplaced.py": "",
+    }
+    for name, text in files.items():
+        (library / name).parent.mkdir(parents=True, exist_ok=True)
+        (library / name).write_text(text)
+    assert layer_violations(library) == [
+        "fpa_lightning/unplaced has no layer in LIBRARY_LAYERS",
+        "fpa_lightning/attention/layer.py imports fpa_lightning.config, which is not below it",
+        "fpa_lightning/probes/stats.py imports fpa_lightning.evaluation, which is not below it",
+    ]
 
 
 def test_only_the_hf_package_imports_transformers():

@@ -57,3 +57,17 @@ def test_prompt_files_and_settings_are_checked(tmp_path):
         GenerationConfig(prune_threshold=1.0)
     with pytest.raises(ValueError, match="they would be ignored"):
         GenerationConfig(top_p=0.9)
+
+
+def test_the_generation_settings_stay_with_the_data_module(tmp_path, tokenizer):
+    """The settings (``data.init_args.generation``) and the EOS id are set once on the PromptDataModule, which
+    predict_step reads; a batch holds data only."""
+    from datamodules import EOS_ID, PromptDataModule
+
+    (tmp_path / "p.txt").write_text("first\nsecond\nthird\n")
+    data = PromptDataModule(str(tmp_path / "p.txt"), generation={"max_new_tokens": 3, "prune_threshold": -10},
+                            predict_batch_size=2)
+    assert data.generation == GenerationConfig(max_new_tokens=3, prune_threshold=-10.0) and data.eos_id == EOS_ID
+    batches = list(data.predict_dataloader())
+    assert [set(batch) for batch in batches] == [{"index", "prompt", "input_ids"}] * 2
+    assert [batch["index"] for batch in batches] == [[0, 1], [2]]

@@ -1,7 +1,7 @@
 """configs/study/ (the language-model study, docs/lm_study.md): each config parses and builds the 110M model, the
-three differ only in attention and run name, their model section is the paper-scale configs' one, and a 2-step CPU
-run of each (shape shrunk on the command line) trains on a corpus in the SlimPajama layout and logs the head and
-long-context statistics."""
+three are overlays of configs/base/study.yaml that differ only in attention and run name, their resolved model section
+is the paper-scale configs' one, and a 2-step CPU run of each (shape shrunk on the command line) trains on a corpus in
+the SlimPajama layout and logs the head and long-context statistics."""
 import json
 import pathlib
 
@@ -41,10 +41,28 @@ def test_study_config_builds_the_110m_model(config):
     assert cli.trainer.precision == "bf16-mixed" and cli.trainer.accumulate_grad_batches == 1
 
 
-def test_study_configs_share_everything_but_attention_and_name():
+def printed_config(capsys, config: pathlib.Path) -> dict:
+    """The resolved config (an overlay merged over its bases) that ``--print_config`` prints."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", str(config), "--print_config"])
+    assert exit_info.value.code in (0, None)
+    return yaml.safe_load(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("config", STUDY, ids=lambda p: p.stem)
+def test_study_config_is_an_overlay_of_attention_and_name(config):
+    """Each fact once: a study config holds its attention and run name; the rest is configs/base/study.yaml's."""
+    data = yaml.safe_load(config.read_text())
+    attention = {"backend": config.stem, "positional": "rope" if config.stem == "sdpa" else "none"}
+    assert data == {"base": "../base/study.yaml", "model": {"model": {"attention": attention}},
+                    "trainer": {"logger": {"init_args": {"name": f"study_{config.stem}"}}}}
+
+
+def test_study_configs_share_everything_but_attention_and_name(capsys):
     def rest(path: pathlib.Path) -> dict:
-        data = yaml.safe_load(path.read_text())
-        del data["model"]["model"]["attention"], data["trainer"]["logger"]["init_args"]["name"]
+        data = printed_config(capsys, path)
+        del data["model"]["model"]["attention"]["backend"], data["model"]["model"]["attention"]["positional"]
+        del data["trainer"]["logger"]["init_args"]["name"]
         return data
 
     first, *others = map(rest, STUDY)
@@ -52,10 +70,12 @@ def test_study_configs_share_everything_but_attention_and_name():
 
 
 @pytest.mark.parametrize("config", STUDY, ids=lambda p: p.stem)
-def test_study_model_is_the_paper_scale_model(config):
-    """The cluster version of each study run is configs/<backend>_110m.yaml: the same model section."""
-    paper = yaml.safe_load((REPO / "configs" / f"{config.stem}_110m.yaml").read_text())
-    assert yaml.safe_load(config.read_text())["model"]["model"] == paper["model"]["model"]
+def test_study_model_is_the_paper_scale_model(config, capsys):
+    """The cluster version of each study run is configs/<backend>_110m.yaml: the same resolved model section."""
+    paper = printed_config(capsys, REPO / "configs" / f"{config.stem}_110m.yaml")
+    study = printed_config(capsys, config)
+    assert study["model"]["model"] == paper["model"]["model"]
+    assert study["model"]["model"]["attention"]["backend"] == config.stem
 
 
 @pytest.fixture(scope="module")

@@ -3,6 +3,7 @@ import pathlib
 
 import pytest
 import torch
+import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from train import main
@@ -98,3 +99,73 @@ def test_the_test_subcommand_logs_test_loss_and_ppl(tmp_path, monkeypatch):
     assert {"test/loss", "test/ppl"} <= set(metrics)
     assert metrics["test/ppl"].item() == pytest.approx(metrics["test/loss"].exp().item())
     assert logged(tmp_path / "runs" / "quickstart" / "version_0", "test/loss")
+
+
+def tiny_overlay(folder: pathlib.Path) -> pathlib.Path:
+    """A user's overlay (train.py's docstring, "Bases") of configs/quickstart.yaml, named without a folder (so found in
+    configs/): the tiny model of tiny_quickstart_args, its own run name."""
+    path = folder / "tiny.yaml"
+    path.write_text("base: quickstart.yaml\n"
+                    "trainer: {max_steps: 2, limit_val_batches: 0, log_every_n_steps: 1, enable_progress_bar: false,\n"
+                    "          logger: {init_args: {name: tiny}}}\n"
+                    "model: {model: {n_layer: 1, d_model: 64, n_head: 1, d_mlp: 128}}\n"
+                    "data: {init_args: {seq_len: 32, batch_size: 2}}\n")
+    return path
+
+
+def test_an_overlay_works_with_every_subcommand_and_resume(tmp_path, monkeypatch, capsys):
+    """--print_config of fit/validate/test/predict, fit, a --ckpt_path resume, validate, test and predict through an
+    overlay: each sees the base's values under the overlay's, and each run's saved config.yaml is the full config."""
+    monkeypatch.chdir(tmp_path)
+    runs = tmp_path / "runs"
+    common = ["--config", str(tiny_overlay(tmp_path)), f"--trainer.logger.init_args.save_dir={runs}",
+              "--checkpoint.monitor=null"]
+    printed = {}
+    for subcommand in ("fit", "validate", "test", "predict"):
+        with pytest.raises(SystemExit):
+            main([subcommand, *common, "--print_config"])
+        printed[subcommand] = yaml.safe_load(capsys.readouterr().out)
+        config = printed[subcommand]
+        assert "base" not in config
+        assert (config["model"]["model"]["n_layer"], config["model"]["model"]["vocab_size"]) == (1, 32000)  # over, base
+        assert (config["data"]["init_args"]["seq_len"], config["data"]["init_args"]["source"]) == (32, "offline")
+        assert config["trainer"]["logger"]["init_args"]["name"] == "tiny"
+        assert config["trainer"]["precision"] == "32-true" and config["seed_everything"] == 0  # configs/quickstart.yaml
+
+    main(["fit", *common])
+    first = runs / "tiny" / "version_0"
+    assert yaml.safe_load((first / "config.yaml").read_text()) == printed["fit"]  # the full merged config, no base key
+    last = first / "checkpoints" / "last.ckpt"
+    resumed = main(["fit", *common, "--trainer.max_steps=3", f"--ckpt_path={last}"])
+    assert resumed.trainer.global_step == 3
+    saved = yaml.safe_load((runs / "tiny" / "version_1" / "config.yaml").read_text())
+    assert saved == {**printed["fit"], "trainer": {**printed["fit"]["trainer"], "max_steps": 3}, "ckpt_path": str(last)}
+
+    validated = main(["validate", *common, "--trainer.limit_val_batches=1", f"--ckpt_path={last}"])
+    assert "val/loss" in validated.trainer.callback_metrics
+    tested = main(["test", *common, "--trainer.limit_test_batches=1", f"--ckpt_path={last}"])
+    assert "test/loss" in tested.trainer.callback_metrics
+    prompts, out = tmp_path / "prompts.txt", tmp_path / "predictions.jsonl"
+    prompts.write_text("And God said\n")
+    main(["predict", *common, f"--ckpt_path={last}", "--data.class_path=datamodules.PromptDataModule",
+          f"--data.init_args.prompts={prompts}", "--data.init_args.generation.max_new_tokens=2",
+          "--data.init_args.generation.temperature=0", f"--predictions.path={out}"])
+    assert len(out.read_text().splitlines()) == 1
+
+
+def test_bases_are_expanded_once_even_when_the_expanded_command_is_run_again():
+    """A DDP launch re-runs train.py with the rewritten sys.argv: its bases are not added a second time."""
+    from train import with_resolved_configs
+
+    args = ["fit", "--config", "fpa_110m.yaml", "--trainer.devices=2", "-c", str(REPO / "configs" / "study" / "fox.yaml")]
+    once = with_resolved_configs(args)
+    configs = [pathlib.Path(arg).resolve() for option, arg in zip(once, once[1:]) if option in ("--config", "-c")]
+    assert configs == [REPO / "configs" / name for name in
+                       ("base/110m.yaml", "fpa_110m.yaml", "base/110m.yaml", "base/study.yaml", "study/fox.yaml")]
+    assert with_resolved_configs(once) == once
+
+
+def test_base_is_a_config_file_key_not_an_option():
+    with pytest.raises(SystemExit, match="'base' is a key of a config file; on the command line, give the base as an "
+                                         "earlier --config"):
+        main(["fit", "--config", "quickstart.yaml", "--base=fpa_110m.yaml", "--print_config"])

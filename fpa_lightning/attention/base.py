@@ -93,7 +93,7 @@ class AttentionBackend(nn.Module):
     fused_needs_cuda = False  # SDPA runs on any device
 
     def __init__(self, cfg, d_model: int, n_head: int, head_dim: int):
-        """cfg: the model's ``AttentionConfig`` (``fpa_lightning.config``, which sits above this package)."""
+        """cfg: the model's ``AttentionConfig`` (``fpa_lightning.attention.config``)."""
         super().__init__()
         self.cfg = cfg
         self.n_head, self.head_dim = n_head, head_dim

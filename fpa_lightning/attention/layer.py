@@ -1,17 +1,30 @@
 """The attention layer: q/k/v/out projections and RoPE; the backend supplies gate maps and the inner op."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 import torch.nn as nn
 
 from fpa_lightning.attention.base import AttentionBackend, LayerProbe
+from fpa_lightning.attention.config import AttentionConfig
 from fpa_lightning.attention.registry import backend_entry
 from fpa_lightning.ops.common import at_least_fp32
 
-if TYPE_CHECKING:
-    from fpa_lightning.config import ModelConfig
+
+class LayerShape(Protocol):
+    """What the attention layer reads of a model's config: a ``ModelConfig`` (``fpa_lightning.config``, which sits
+    above this package) or the probe model's shape (``fpa_lightning.probes.model``, heads narrower than its residual
+    stream: n_head·head_dim < d_model)."""
+
+    @property
+    def d_model(self) -> int: ...
+    @property
+    def n_head(self) -> int: ...
+    @property
+    def head_dim(self) -> int: ...
+    @property
+    def attention(self) -> AttentionConfig: ...
 
 
 class RotaryEmbedding(nn.Module):
@@ -53,9 +66,8 @@ class RotaryEmbedding(nn.Module):
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int):
-        """cfg: a ``ModelConfig``, or any object with its d_model, n_head, head_dim and attention (the probe model,
-        ``fpa_lightning.probes.model``, uses heads narrower than its residual stream: n_head·head_dim < d_model)."""
+    def __init__(self, cfg: LayerShape, layer: int):
+        """cfg: a ``ModelConfig``, or any object with its d_model, n_head, head_dim and attention (``LayerShape``)."""
         super().__init__()
         self.n_head, self.head_dim = cfg.n_head, cfg.head_dim
         inner = cfg.n_head * cfg.head_dim  # = d_model in a ModelConfig; narrower heads in a probe model

@@ -1,5 +1,6 @@
 """The one registry of attention backends: the names a config may use, the class each name builds, and the
-positional encoding each uses unless the config says otherwise. ``AttentionConfig`` validates against it."""
+positional encoding each uses unless the config says otherwise. ``AttentionConfig`` (``attention.config``) validates
+against it."""
 from __future__ import annotations
 
 from dataclasses import dataclass

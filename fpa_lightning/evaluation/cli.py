@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import torch
 
-from fpa_lightning.config import IMPLS
+from fpa_lightning.attention.config import IMPLS
 from fpa_lightning.evaluation.checkpoint import CheckpointError, LoadedModel, load_decoder
 from fpa_lightning.evaluation.data import EvalData
 from fpa_lightning.export import load_hf, model_card

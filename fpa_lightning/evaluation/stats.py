@@ -1,4 +1,5 @@
-"""Interval estimates and paired tests used by the evaluation tasks (no SciPy: exact binomial sums in float64).
+"""Interval estimates and paired tests used by the evaluation tasks (no SciPy: exact binomial sums in float64, from
+``fpa_lightning.analysis.stats``, which the probes' sign test shares).
 
 * ``bootstrap_mean``: percentile bootstrap of a mean over independent units (books, sequences), one
   resample shared by every column so that per-bucket intervals come from the same resampled sets.
@@ -9,11 +10,12 @@
 """
 from __future__ import annotations
 
-import math
 import warnings
 from dataclasses import asdict, dataclass
 
 import numpy as np
+
+from fpa_lightning.analysis.stats import binomial_at_least, binomial_cdf
 
 
 @dataclass(frozen=True)
@@ -60,28 +62,6 @@ def _slices(total: int, size: int) -> list[int]:
 def _check_confidence(confidence: float) -> None:
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
-
-
-def binomial_cdf(k: int, n: int, p: float) -> float:
-    """P(X ≤ k) for X ~ Binomial(n, p), summed exactly in log space."""
-    if k < 0:
-        return 0.0
-    if k >= n:
-        return 1.0
-    if p <= 0.0:
-        return 1.0
-    if p >= 1.0:
-        return 0.0
-    log_p, log_q = math.log(p), math.log1p(-p)
-    terms = [math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * log_p + (n - i) * log_q
-             for i in range(k + 1)]
-    top = max(terms)
-    return min(1.0, math.exp(top) * sum(math.exp(t - top) for t in terms))
-
-
-def binomial_at_least(k: int, n: int, p: float) -> float:
-    """P(X ≥ k) for X ~ Binomial(n, p), as P(n − X ≤ n − k) so tiny tails keep their precision."""
-    return binomial_cdf(n - k, n, 1.0 - p)
 
 
 def _bisect(f, target: float, increasing: bool) -> float:

@@ -1,18 +1,20 @@
 """``GenerationConfig``: the settings of ``generate`` as a typed config (``train.py predict`` reads it from YAML)."""
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 
 import torch
 
 from fpa_lightning.generation.generate import generate
+from fpa_lightning.generation.rule import check_threshold
 from fpa_lightning.generation.sampling import check_sampling
 
 
 @dataclass
 class GenerationConfig:
-    """How to continue prompts (``fpa_lightning.generation.generate``)."""
+    """How to continue prompts (``fpa_lightning.generation.generate``). ``train.py predict`` reads it from the
+    prompt data module's ``generation`` section, which holds it for the whole run (``LanguageModel.predict_step``
+    applies it to each batch)."""
 
     max_new_tokens: int = 64
     """Tokens to add to each prompt (fewer when every row of a batch has ended with EOS)."""
@@ -33,8 +35,7 @@ class GenerationConfig:
         if self.max_new_tokens < 0:
             raise ValueError(f"generation.max_new_tokens must be >= 0, got {self.max_new_tokens}")
         check_sampling(self.temperature, self.top_k, self.top_p, vocab_size=2**31)
-        if self.prune_threshold is not None and (math.isnan(self.prune_threshold) or self.prune_threshold > 0):
-            raise ValueError(f"generation.prune_threshold must be <= 0 (or null), got {self.prune_threshold}")
+        self.prune_threshold = check_threshold(self.prune_threshold)  # the one check, shared with generate()
 
     def generate(self, model, prompts: list[torch.Tensor], eos_id: int | None, batch_index: int = 0):
         """``generate`` with these settings: (ids, stats). eos_id is used when stop_at_eos is set."""

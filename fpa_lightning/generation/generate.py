@@ -1,12 +1,11 @@
 """``generate``: continue prompts with a KV cache (``DecodeSession``), greedy or sampled, optionally evicting keys."""
 from __future__ import annotations
 
-import math
 import time
 
 import torch
 
-from fpa_lightning.analysis.pruning import PruneRule
+from fpa_lightning.generation.rule import threshold_rule
 from fpa_lightning.generation.sampling import check_sampling, next_tokens
 from fpa_lightning.generation.session import DecodeSession
 from fpa_lightning.model import Decoder
@@ -49,25 +48,6 @@ def as_prompts(input_ids, vocab_size: int) -> list[torch.Tensor]:
     return [row.long() for row in rows]
 
 
-def threshold_rule(decoder: Decoder, prune_threshold: float | None) -> PruneRule | None:
-    """The eviction rule of ``prune_threshold``; raises for values that cannot work."""
-    if prune_threshold is None:
-        return None
-    number = isinstance(prune_threshold, (int, float)) and not isinstance(prune_threshold, bool)
-    if not number or math.isnan(prune_threshold):
-        raise ValueError(f"prune_threshold must be a number <= 0 (or -inf), got {prune_threshold!r}")
-    if prune_threshold == float("-inf"):  # no bias falls below it: exactly no eviction, and no rule at all
-        return None
-    if prune_threshold > 0:
-        raise ValueError(f"prune_threshold must be <= 0: every bias is <= 0, so {prune_threshold} would drop every key "
-                         "but the newest")
-    if not decoder.has_bias():
-        raise ValueError("prune_threshold needs an attention bias (fpa, fox, alibi, selective, dcp); this model has "
-                         "none, so no key would ever be dropped. For softmax the comparison is a sliding window: "
-                         "DecodeSession(decoder, rule=PruneRule(window=...))")
-    return PruneRule(threshold=float(prune_threshold))
-
-
 @torch.no_grad()
 def generate(model, input_ids, max_new_tokens: int, *, temperature: float = 0.0, top_k: int | None = None,
              top_p: float | None = None, prune_threshold: float | None = None, eos_id: int | None = None,
@@ -79,8 +59,9 @@ def generate(model, input_ids, max_new_tokens: int, *, temperature: float = 0.0,
     GPU), then decoded one token per step (a CUDA graph on a GPU). temperature 0 is greedy; otherwise sampling
     from softmax(logits / temperature), restricted by top_k / top_p, drawn with ``generator``.
     prune_threshold: drop a key from the cache for good once its bias for the current query is below it (e.g.
-    −10; ``analysis.pruning.PruneRule``); −inf drops nothing and is the same as None. eos_id: a row that emits
-    it is finished (later tokens are eos_id), and generation stops once every row has.
+    −10; checked by ``generation.rule.check_threshold``, against the model by ``check_rule``: it needs a bias);
+    −inf drops nothing and is the same as None. eos_id: a row that emits it is finished (later tokens are eos_id),
+    and generation stops once every row has.
 
     Returns the prompts followed by the new tokens, in the form of the input: (B, T + n) or (T + n,) for a tensor
     (n ≤ max_new_tokens: fewer when every row ended early), a list of 1-D tensors (each up to its first eos_id)
@@ -93,7 +74,7 @@ def generate(model, input_ids, max_new_tokens: int, *, temperature: float = 0.0,
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
     check_sampling(temperature, top_k, top_p, vocab)
-    rule = threshold_rule(decoder, prune_threshold)
+    rule = threshold_rule(prune_threshold)
     if eos_id is not None and not (isinstance(eos_id, int) and 0 <= eos_id < vocab):
         raise ValueError(f"eos_id must be a token id in [0, {vocab}), got {eos_id!r}")
     session = DecodeSession(decoder, rule=rule)

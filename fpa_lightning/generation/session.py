@@ -8,20 +8,19 @@
 * ``step(ids)``: one token per row with static shapes; on CUDA the step is captured once in a CUDA graph and
   replayed (optionally compiled first). The cache only changes size between steps (``reserve``).
 
-Eviction (``rule``, ``fpa_lightning.analysis.pruning.PruneRule``): a key is dropped for good at the first query
-whose bias for it the rule rejects, in the prompt as in the continuation; the newest key never is. This is exactly
-what ``analysis.pruning.pruned_cache`` simulates with masks, so the two agree to rounding. Under an eviction rule
-the prompt is prefilled by that same simulation (the chunked path with the rule's mask), which hands the cache its
-eviction flags; then the cache is compacted. A rule that can evict nothing (threshold −inf) keeps the fast prefill.
+Eviction (``rule``, ``fpa_lightning.generation.rule.PruneRule``, checked against the model by ``check_rule``): a key
+is dropped for good at the first query whose bias for it the rule rejects, in the prompt as in the continuation; the
+newest key never is. This is exactly what ``analysis.pruning.pruned_cache`` simulates with masks (the same
+``PruningHook``), so the two agree to rounding. Under an eviction rule the prompt is prefilled by that same
+simulation (the chunked path with the rule's mask), which hands the cache its eviction flags; then the cache is
+compacted. A rule that can evict nothing (threshold −inf) keeps the fast prefill.
 """
 from __future__ import annotations
 
-import math
-
 import torch
 
-from fpa_lightning.analysis.pruning import KeptStats, PruneRule, PruningHook
 from fpa_lightning.generation.cache import FREE, KVCache, LayerCache
+from fpa_lightning.generation.rule import KeptStats, PruneRule, PruningHook, check_rule
 from fpa_lightning.model import Decoder
 
 SLOT_MULTIPLE = 64  # capacities are rounded up to this many slots (aligned matmuls, fewer resizes)
@@ -52,17 +51,6 @@ def cast_weights(decoder: Decoder, dtype: torch.dtype) -> Decoder:
         if id(param) not in backend_params:
             param.data = param.data.to(dtype)
     return decoder
-
-
-def check_rule(decoder: Decoder, rule: PruneRule | None) -> None:
-    """Raise for a rule the cache cannot apply: per-head eviction of a layer whose state all heads share."""
-    if rule is None or rule.threshold is None:
-        return
-    for i, block in enumerate(decoder.blocks):
-        backend = block.attn.backend
-        if backend.shared_key_state and backend.alibi:
-            raise ValueError(f"layer {i}: {backend.label} keeps one state per key for all heads, but ALiBi makes its "
-                             "bias (and so threshold eviction) differ per head: no cache form; use a window rule")
 
 
 class KeptCounter:
@@ -148,7 +136,7 @@ class DecodeSession:
         ids = torch.zeros(B, T, dtype=torch.long, device=self.device)
         for b, prompt in enumerate(prompts):
             ids[b, : len(prompt)] = prompt.to(self.device)
-        evicting = self.rule is not None and (self.counter is not None or self._rule_can_evict())
+        evicting = self.rule is not None and (self.counter is not None or self.rule.can_evict())
         # the simulation's eviction flags are those after a group's last row: one group per length
         groups = [lengths == L for L in lengths.unique().tolist()] if evicting else [lengths > 0]
         parts: list[list] = [[] for _ in self.decoder.blocks]
@@ -190,9 +178,6 @@ class DecodeSession:
             self.counter.add_simulated(stats if evicting else None, int(lengths.sum()))
         last = hidden[torch.arange(len(rows), device=ids.device), lengths - 1]  # (b, C)
         return self.decoder.lm_head(last)
-
-    def _rule_can_evict(self) -> bool:
-        return self.rule.window is not None or self.rule.threshold > float("-inf")
 
     # --- capacity -----------------------------------------------------------------------------------------
     def reserve(self, steps: int, positions: int | None = None) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache
 
-from fpa_lightning.generation.generate import threshold_rule
+from fpa_lightning.generation.rule import check_threshold, threshold_rule
 from fpa_lightning.generation.session import DecodeSession
 from fpa_lightning.model import Decoder
 
@@ -21,15 +21,16 @@ from fpa_lightning.model import Decoder
 class FPACache(Cache):
     """The KV cache of one ``generate`` call (or of a manual decoding loop) over ``decoder``.
 
-    prune_threshold: evict a key for good once its bias falls below it (e.g. -10; None keeps every key); models
-    without a bias raise (``fpa_lightning.generation.generate.threshold_rule``). max_length: prompt + new tokens of
+    prune_threshold: evict a key for good once its bias falls below it (e.g. -10; None keeps every key), checked as
+    everywhere (``fpa_lightning.generation.rule.check_threshold``); models without a bias raise
+    (``fpa_lightning.generation.rule.check_rule``). max_length: prompt + new tokens of
     the padded batch, when known: the cache and RoPE tables are sized once at prefill (as ``generate`` does).
     """
 
     def __init__(self, decoder: Decoder, prune_threshold: float | None = None, max_length: int | None = None):
         super().__init__(layers=[])  # the session holds the layers' state; transformers' layer list stays empty
-        self.session = DecodeSession(decoder, rule=threshold_rule(decoder, prune_threshold))
-        self.prune_threshold, self.max_length = prune_threshold, max_length
+        self.prune_threshold, self.max_length = check_threshold(prune_threshold), max_length
+        self.session = DecodeSession(decoder, rule=threshold_rule(self.prune_threshold))
         self.seen = 0  # columns of input_ids processed so far (padding included): transformers' sequence length
 
     # --- what the model's forward calls -------------------------------------------------------------------

@@ -13,7 +13,8 @@ import dataclasses
 
 from transformers import PretrainedConfig
 
-from fpa_lightning.config import AttentionConfig, ModelConfig
+from fpa_lightning.attention import AttentionConfig
+from fpa_lightning.config import ModelConfig
 
 MODEL_TYPE = "fpa_lightning"
 INSTALLED = "fpa_lightning.hf.config"  # this module's name in the package; the remote-code copy has another

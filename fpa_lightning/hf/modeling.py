@@ -19,6 +19,7 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from fpa_lightning.attention.base import AttentionBackend
+from fpa_lightning.generation.rule import check_threshold
 from fpa_lightning.hf.cache import FPACache, check_contiguous
 from fpa_lightning.hf.config import FPAConfig
 from fpa_lightning.model import Block, Decoder
@@ -118,13 +119,13 @@ class FPAForCausalLM(PreTrainedModel, GenerationMixin):
 
     def _prepare_generation_config(self, generation_config, **kwargs):
         """transformers' merge of the generation settings, with ``prune_threshold`` as one of them: from
-        ``generate(prune_threshold=...)``, else from the generation config passed in or the model's, else None."""
+        ``generate(prune_threshold=...)``, else from the generation config passed in or the model's, else None;
+        checked here (``generation.rule.check_threshold``), with or without a cache to come."""
         given = kwargs.pop("prune_threshold", None)
         generation_config, model_kwargs = super()._prepare_generation_config(generation_config, **kwargs)
-        if given is not None:
-            generation_config.prune_threshold = given
-        elif not hasattr(generation_config, "prune_threshold"):
-            generation_config.prune_threshold = None
+        if given is None:
+            given = getattr(generation_config, "prune_threshold", None)
+        generation_config.prune_threshold = check_threshold(given)
         return generation_config, model_kwargs
 
     def _prepare_cache_for_generation(self, generation_config, model_kwargs: dict, generation_mode, batch_size: int,

@@ -18,8 +18,7 @@ import torch
 import torch.nn as nn
 from torch.func import functional_call, stack_module_state, vmap
 
-from fpa_lightning.attention import AttentionBackend, CausalSelfAttention
-from fpa_lightning.config import AttentionConfig
+from fpa_lightning.attention import AttentionBackend, AttentionConfig, CausalSelfAttention
 
 
 @dataclass(frozen=True)

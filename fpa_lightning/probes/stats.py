@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from fpa_lightning.evaluation.stats import binomial_at_least
+from fpa_lightning.analysis.stats import binomial_at_least
 
 
 @dataclass(frozen=True)

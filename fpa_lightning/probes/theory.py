@@ -1,4 +1,4 @@
-"""The constructive half of the theory (docs/probes.md, "Hand-built FPA heads"): one FPA head of constant width
+"""The constructive half of the theory (docs/probes.md, "Hand-built heads and bounds"): one FPA head of constant width
 d = 4, its weights set by hand, solves ``ladder`` for every r and ``dip_duration`` with either duration, without
 training. The same weights with the dip-sum reduction fail ``dip_duration`` when the duration varies. The ladder
 head also solves ``unnamed_ladder``, whose pushes name only their colour: the walk counts the rungs.
@@ -27,7 +27,7 @@ import math
 
 import torch
 
-from fpa_lightning.config import AttentionConfig
+from fpa_lightning.attention import AttentionConfig
 from fpa_lightning.probes.base import ProbeBatch
 from fpa_lightning.probes.ladder import DipDuration, Ladder, UnnamedLadder
 from fpa_lightning.probes.model import ProbeModel, Shape

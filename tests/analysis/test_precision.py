@@ -3,7 +3,8 @@ import torch
 
 from fpa_lightning.analysis.positions import loss_by_position, uniform_edges
 from fpa_lightning.analysis.survival import measure_heads
-from fpa_lightning.config import AttentionConfig, ModelConfig
+from fpa_lightning.attention import AttentionConfig
+from fpa_lightning.config import ModelConfig
 from fpa_lightning.model import Decoder
 
 

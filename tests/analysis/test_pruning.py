@@ -1,9 +1,12 @@
-"""Simulated cache pruning: exactness at −inf, monotone FPA bias, kept-key counts, windows, restoration."""
+"""Simulated cache pruning (``analysis.pruning.pruned_cache``, with the runtime's rule ``generation.PruneRule``, whose
+own tests are in tests/generation/test_rule.py): exactness at −inf, monotone FPA bias, kept-key counts, windows,
+restoration."""
 import pytest
 import torch
 
 from fpa_lightning.evaluation.checkpoint import load_decoder
-from fpa_lightning.analysis.pruning import PruneRule, pruned_cache, window_for_fraction
+from fpa_lightning.analysis.pruning import pruned_cache, window_for_fraction
+from fpa_lightning.generation import PruneRule
 
 T = 96  # several query blocks of 16
 
@@ -61,18 +64,15 @@ def test_threshold_zero_keeps_exactly_the_alive_keys(ckpts, ids):
     assert not torch.equal(pruned, losses(decoder, ids))
 
 
-def test_positive_threshold_prunes_every_dead_key_and_keeps_the_newest(ckpts, ids):
+def test_window_one_keeps_only_the_newest_key(ckpts, ids):
+    """(A threshold above 0, which would do the same, is refused: generation.rule.check_threshold.)"""
     decoder = model(ckpts, "fpa")
-    with pruned_cache(decoder, PruneRule(threshold=1.0)) as stats:
+    with pruned_cache(decoder, PruneRule(window=1)) as stats:
         losses(decoder, ids)
     pairs_per_head = T * (T + 1) // 2
-    assert stats.kept_pairs == [2 * 2 * T] * 2  # (B=2) x (H=2) x one key (the newest) per query
-    assert stats.causal_pairs == [2 * 2 * pairs_per_head] * 2
-    # then the output at t is v_t alone, which the unpatched model computes with a window of 1
-    with pruned_cache(decoder, PruneRule(window=1)):
-        window_one = losses(decoder, ids)
-    with pruned_cache(decoder, PruneRule(threshold=1.0)):
-        assert torch.equal(losses(decoder, ids), window_one)
+    # one key (the newest) per query; a window is the same for every row and head, so it is counted once
+    assert stats.kept_pairs == [T] * 2 and stats.causal_pairs == [pairs_per_head] * 2
+    assert stats.mean_fraction() == pytest.approx(float((1 / torch.arange(1, T + 1, dtype=torch.float64)).mean()))
 
 
 def test_eviction_differs_from_masking_for_a_non_monotone_bias(make_module, ids):
@@ -118,15 +118,6 @@ def test_window_for_fraction_inverts_the_mean_kept_fraction():
             assert window_for_fraction(fraction, length) == window
     with pytest.raises(ValueError):
         window_for_fraction(0.0, 64)
-
-
-def test_rule_needs_exactly_one_setting():
-    with pytest.raises(ValueError, match="exactly one"):
-        PruneRule()
-    with pytest.raises(ValueError, match="exactly one"):
-        PruneRule(threshold=-10.0, window=5)
-    with pytest.raises(ValueError, match="window"):
-        PruneRule(window=0)
 
 
 @pytest.mark.parametrize("backend", ["fpa", "fox", "sdpa"])

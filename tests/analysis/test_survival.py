@@ -14,9 +14,9 @@ from fpa_lightning.analysis.survival import (
     pooled_boundary_ratio,
     walk_steps,
 )
-from fpa_lightning.attention import LayerProbe
+from fpa_lightning.attention import AttentionConfig, LayerProbe
 from fpa_lightning.attention.backends import FpaBackend
-from fpa_lightning.config import AttentionConfig, ModelConfig
+from fpa_lightning.config import ModelConfig
 from fpa_lightning.model import Decoder
 
 # Two heads over T = 6, one batch row, threshold −1 (alive: β·depth ≥ −1).

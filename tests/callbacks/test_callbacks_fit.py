@@ -10,7 +10,8 @@ from tensorboard.plugins.custom_scalar import layout_pb2
 from torch.utils.data import DataLoader
 
 from callbacks import HeadSurvivalCallback, LongContextLossCallback
-from fpa_lightning.config import AttentionConfig, ModelConfig
+from fpa_lightning.attention import AttentionConfig
+from fpa_lightning.config import ModelConfig
 from modules.language_model import LanguageModel, OptimConfig
 
 VOCAB, CONTEXT = 64, 32

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from fpa_lightning.analysis.pruning import PruneRule, pruned_cache
-from fpa_lightning.generation import DecodeSession, generate
+from fpa_lightning.analysis.pruning import pruned_cache
+from fpa_lightning.generation import DecodeSession, PruneRule, generate
 
 from _gen_helpers import VOCAB
 

@@ -3,8 +3,7 @@ import pytest
 import torch
 from _gen_helpers import VOCAB
 
-from fpa_lightning.analysis.pruning import PruneRule
-from fpa_lightning.generation import DecodeSession, generate, next_tokens
+from fpa_lightning.generation import DecodeSession, PruneRule, generate, next_tokens
 
 
 @pytest.fixture(scope="module")

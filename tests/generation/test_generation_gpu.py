@@ -7,8 +7,8 @@ import torch
 from _gen_helpers import random_gates
 
 from fpa_lightning import Decoder, ModelConfig
-from fpa_lightning.analysis.pruning import PruneRule, pruned_cache
-from fpa_lightning.generation import DecodeSession, cast_weights
+from fpa_lightning.analysis.pruning import pruned_cache
+from fpa_lightning.generation import DecodeSession, PruneRule, cast_weights
 
 pytestmark = pytest.mark.gpu
 PROMPT, T = 40, 96

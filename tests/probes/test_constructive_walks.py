@@ -5,7 +5,7 @@ a head cannot: a softmax head without positions sees the push_pop program as cou
 import pytest
 import torch
 
-from fpa_lightning.config import AttentionConfig
+from fpa_lightning.attention import AttentionConfig
 from fpa_lightning.probes import IGNORE
 from fpa_lightning.probes.model import ProbeModel, Shape
 from fpa_lightning.probes.names import FindName, FindNameByPlace

@@ -5,7 +5,7 @@ positions, no softmax head of any width reaches the criterion on the unnamed lad
 import pytest
 import torch
 
-from fpa_lightning.config import AttentionConfig
+from fpa_lightning.attention import AttentionConfig
 from fpa_lightning.probes import IGNORE
 from fpa_lightning.probes.ladder import DipDuration, Ladder, UnnamedLadder
 from fpa_lightning.probes.model import ProbeModel, Shape

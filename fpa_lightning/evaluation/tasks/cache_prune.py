@@ -1,7 +1,8 @@
 """cache_prune: loss increase and kept fraction when keys whose bias fell below a threshold are dropped (simulated
-in the chunked forward pass, analysis.pruning), and pass-key success under the first threshold. With
---real-eviction the same documents also go through the real KV cache (fpa_lightning.generation), which drops the
-keys from storage: its loss and kept fraction are reported beside the simulation's."""
+in the chunked forward pass, analysis.pruning, with the decoding runtime's rule, generation.rule), and pass-key
+success under the first threshold. With --real-eviction the same documents also go through the real KV cache
+(fpa_lightning.generation), which drops the keys from storage: its loss and kept fraction are reported beside the
+simulation's."""
 from __future__ import annotations
 
 import argparse
@@ -9,7 +10,7 @@ import argparse
 import matplotlib.pyplot as plt
 import numpy as np
 
-from fpa_lightning.analysis.pruning import PruneRule, pruned_cache, window_for_fraction
+from fpa_lightning.analysis.pruning import pruned_cache, window_for_fraction
 from fpa_lightning.evaluation.checkpoint import LoadedModel
 from fpa_lightning.evaluation.data import EvalData
 from fpa_lightning.evaluation.passkey import PasskeyBuilder
@@ -18,9 +19,11 @@ from fpa_lightning.evaluation.scoring import Runtime, check_vocab, token_losses
 from fpa_lightning.evaluation.stats import clopper_pearson
 from fpa_lightning.evaluation.tasks.common import Task, TaskOutput, errorbar, intervals, label
 from fpa_lightning.evaluation.tasks.passkey import score_all
+from fpa_lightning.generation.rule import PruneRule, check_rule
 from fpa_lightning.generation.session import cached_token_losses
 
 DEFAULT_LENGTHS = [2048, 8192]
+DEFAULT_THRESHOLDS = [-10.0, -20.0, -5.0, -2.0, -1.0]  # the first one also prunes the pass-key trials
 DEFAULT_BLOCK_ROWS = 512  # query rows per block of the simulation: on an H200, 64-row blocks spent their time
 #                           launching small kernels (4.4–4.8k tokens/s in docs/lm_study.md's first run)
 
@@ -28,7 +31,7 @@ DEFAULT_BLOCK_ROWS = 512  # query rows per block of the simulation: on an H200, 
 def run(args: argparse.Namespace, models: list[LoadedModel], runtime: Runtime, data: EvalData) -> TaskOutput:
     passkey_lengths = [8192, 16384] if args.passkey_lengths is None else args.passkey_lengths
     return cache_prune(models, runtime, data, args.lengths or DEFAULT_LENGTHS,
-                       args.thresholds or [-10.0, -20.0, -5.0, -2.0, -1.0], args.window, passkey_lengths,
+                       args.thresholds or DEFAULT_THRESHOLDS, args.window, passkey_lengths,
                        args.trials or 100, args.max_docs, real_eviction=bool(args.real_eviction),
                        block_rows=args.block_rows or DEFAULT_BLOCK_ROWS)
 
@@ -44,6 +47,11 @@ def add_arguments(group) -> None:
 
 def check(args: argparse.Namespace, models: list[LoadedModel]) -> None:
     check_prune_setup(models, args.window)
+    rules = [PruneRule(threshold=t) for t in args.thresholds or DEFAULT_THRESHOLDS]  # each threshold's one check
+    if args.real_eviction:  # and the real cache's checks of the model (the simulation needs none)
+        for m in filter(has_bias, models):
+            for rule in rules:
+                check_rule(m.decoder, rule)
     if args.block_rows is not None and args.block_rows < 1:
         raise ValueError(f"--block-rows must be >= 1, got {args.block_rows}")
 

@@ -11,6 +11,7 @@ from fpa_lightning.evaluation.data import EvalData
 from fpa_lightning.evaluation.scoring import Runtime
 from fpa_lightning.evaluation.tasks.common import Task, TaskOutput, label
 from fpa_lightning.generation import cast_weights, continuation_text, generate
+from fpa_lightning.generation.rule import check_rule, threshold_rule
 
 DEFAULT_NEW_TOKENS = 64
 
@@ -31,6 +32,9 @@ def check(args: argparse.Namespace, models: list[LoadedModel]) -> None:
         raise ValueError("--task generate needs --prompt TEXT")
     if args.max_new_tokens is not None and args.max_new_tokens < 0:
         raise ValueError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
+    rule = threshold_rule(args.prune_threshold)  # before any compute: the checks generate() makes
+    for m in models:
+        check_rule(m.decoder, rule)
 
 
 def run(args: argparse.Namespace, models: list[LoadedModel], runtime: Runtime, data: EvalData) -> TaskOutput:

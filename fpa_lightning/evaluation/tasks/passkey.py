@@ -17,9 +17,9 @@ from fpa_lightning.evaluation.passkey import PasskeyBuilder, PasskeyScore, Passk
 from fpa_lightning.evaluation.progress import Progress, Work, start
 from fpa_lightning.evaluation.scoring import Runtime, check_vocab
 from fpa_lightning.evaluation.stats import clopper_pearson, mcnemar_exact
-from fpa_lightning.analysis.pruning import PruneRule
 from fpa_lightning.evaluation.tasks.common import Task, TaskOutput, errorbar, label
 from fpa_lightning.generation import DecodeSession
+from fpa_lightning.generation.rule import PruneRule, check_rule, check_threshold
 
 DEFAULT_LENGTHS = [3072, 4096, 8192, 16384]
 
@@ -35,11 +35,11 @@ def check(args: argparse.Namespace, models: list[LoadedModel]) -> None:
 
 def pruning_rules(models: list[LoadedModel], threshold: float | None, window: int | None) -> list | None:
     """Per model, the rule of the pruned-cache mode (a threshold with a bias, a window without), or None for the
-    default one-pass scorer; raises when a model is left without a rule."""
+    default one-pass scorer; raises when a model is left without a rule, or when the cache cannot apply it
+    (``generation.rule``: the threshold's check, then the model's)."""
     if threshold is None and window is None:
         return None
-    if threshold is not None and threshold > 0:
-        raise ValueError(f"--prune-threshold must be <= 0, got {threshold}")
+    check_threshold(threshold)
     rules = []
     for m in models:
         if m.decoder.has_bias() and threshold is not None:
@@ -48,6 +48,7 @@ def pruning_rules(models: list[LoadedModel], threshold: float | None, window: in
             rules.append(PruneRule(window=window))
         else:
             raise ValueError(f"passkey: {m.path} has no attention bias; its pruned cache needs --window")
+        check_rule(m.decoder, rules[-1])
     return rules
 
 

@@ -16,12 +16,12 @@ The model is ``modules.LanguageModel``; ``data`` takes any ``datamodules.TextDat
 names it), a ModelCheckpoint (``checkpoint.*``: the best by ``val/loss`` plus ``last.ckpt``, in the
 logger's ``checkpoints/`` folder) and its resolved ``config.yaml``. Resume with ``--ckpt_path <file>``.
 ``predict`` continues the prompts of a ``datamodules.PromptDataModule`` (``--data.class_path``) and writes JSONL
-(``--predictions.path``, README "Generation"). ``model.model.max_seq_len`` is not set by hand: it is linked to
+(``--predictions.path``, docs/generation.md). ``model.model.max_seq_len`` is not set by hand: it is linked to
 ``data.init_args.seq_len``. Precision is ``trainer.precision``, set explicitly in each YAML (bf16-mixed for the GPU
 configs, 32-true for the CPU quickstart). YAML values may use ``${...}`` interpolation (omegaconf) to keys of the
 same file, resolved at parse time.
 
-Safety (README "Safety and resume"): checkpoints are written atomically (``modules.checkpoint_io``); a remote
+Safety (docs/training.md, "Safety and resume"): checkpoints are written atomically (``modules.checkpoint_io``); a remote
 ``--ckpt_path`` is refused; a resume lists the command-line values that the checkpoint's hyper-parameters replace; with
 ``--trainer.logger=false`` an existing ``./config.yaml`` is never overwritten.
 """

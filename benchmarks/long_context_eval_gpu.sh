@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # RULER- and BABILong-style evaluation on a GPU for a small FPA / FoX pair trained here first, in one go. The pair is
 # the quickstart model (3 layers, d_model 192) trained with the fused kernels on the offline KJV corpus, so its
-# scores say nothing about the paper's 110M claims (README, "Evaluation"); what the run shows is that the
+# scores say nothing about the paper's 110M claims (docs/evaluation.md); what the run shows is that the
 # long-context tasks run on the GPU path at 4k-16k (fused kernels, bf16) with a tokenizer.json and no
 # mistral-common, how fast, and the paired statistics end to end.
 #   bash benchmarks/long_context_eval_gpu.sh [results folder]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Beyond one GPU, in one command (README, "Multi-GPU"): the GPU tests of the whole fused path, document masking and
+# Beyond one GPU, in one command (docs/multi_gpu.md): the GPU tests of the whole fused path, document masking and
 # FlexAttention lengths; whole-model tokens/s with and without torch.compile and with document masking (one GPU);
 # and, when two GPUs exist, DDP and FSDP throughput per GPU against one GPU on configs/fpa_110m.yaml, a DDP resume
 # across a restart (weights compared), the FSDP tests (exact resume with full and sharded checkpoints, every

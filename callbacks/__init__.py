@@ -1,5 +1,4 @@
-"""Lightning callbacks: head survival statistics and long-context loss, logged to TensorBoard (README, "Head
-statistics"), and the JSONL writer of ``train.py predict`` (README, "Generation")."""
+"""Lightning callbacks: head survival statistics and long-context loss, logged to TensorBoard (docs/observability.md), and the JSONL writer of ``train.py predict`` (docs/generation.md)."""
 from callbacks.generation_writer import GenerationWriter
 from callbacks.head_survival import HeadSurvivalCallback
 from callbacks.long_context import LongContextLossCallback

@@ -1,4 +1,4 @@
-"""``PromptDataModule``: prompts to continue with ``python train.py predict`` (README, "Generation").
+"""``PromptDataModule``: prompts to continue with ``python train.py predict`` (docs/generation.md).
 
 A ``TextDataModule`` (same tokenizer and options, so a training config's ``data`` section carries over) whose
 predict split is a file of prompts: ``.txt`` (one prompt per non-empty line) or ``.jsonl`` (a ``prompt`` field per

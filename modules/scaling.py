@@ -59,7 +59,7 @@ def clip_gradients(module: LightningModule, optimizer, clip_val: float | None, a
 def compile_blocks(decoder: Decoder, options: bool | dict) -> None:
     """``torch.compile`` each Block in place (``options``: True for the defaults, or torch.compile's keyword arguments,
     e.g. ``{"mode": "max-autotune"}``). Idempotent. Graph breaks: the FPA Triton kernel and FoX's FlexAttention
-    (compiled on its own) run between graphs, once per layer (README, "torch.compile")."""
+    (compiled on its own) run between graphs, once per layer (docs/training.md, "torch.compile")."""
     kwargs = {} if options is True else dict(options)
     for block in decoder.blocks:
         if getattr(block, "_compiled_call_impl", None) is None:

@@ -17,7 +17,7 @@ BASES = sorted(REPO.glob("configs/base/*.yaml"))  # the shared part of overlays 
 OVERLAYS_110M = [p for p in CONFIGS if p.stem.endswith("_110m")]
 BASE_110M = REPO / "configs" / "base" / "110m.yaml"
 QUICKSTART = REPO / "configs" / "quickstart.yaml"
-# Decoder.num_parameters() of the 110M configs (tied embeddings counted once); README's table shows them.
+# Decoder.num_parameters() of the 110M configs (tied embeddings counted once); docs/training.md's table shows them.
 PARAMETERS_110M = {"fpa": 109_862_208, "fox": 109_640_592, "sdpa": 109_529_856, "selective": 109_529_856,
                    "dcp": 110_119_692}
 PARAMETERS_1B = 1_074_630_144  # configs/fpa_1b.yaml: 24 x 2048, d_mlp 4096, tied embeddings
@@ -104,7 +104,7 @@ def test_110m_configs_differ_only_in_attention_and_run_name(capsys):
     assert len(others) == 4 and all(other == first for other in others)
 
 
-CARD_110M = {  # README "Configs": 12 layers, width 768, 12 heads, SwiGLU 2048, context 2048, 16 x 2048 x 16 tokens
+CARD_110M = {  # docs/training.md "Configs": 12 layers, width 768, 12 heads, SwiGLU 2048, context 2048, 16 x 2048 x 16 tokens
     "seed_everything": 0, "trainer.accelerator": "auto", "trainer.devices": 1, "trainer.precision": "bf16-mixed",
     "trainer.max_steps": 5150, "trainer.accumulate_grad_batches": 16, "trainer.gradient_clip_val": 1.0,
     "trainer.val_check_interval": 8000, "trainer.check_val_every_n_epoch": None, "trainer.log_every_n_steps": 10,
@@ -122,7 +122,7 @@ CARD_110M = {  # README "Configs": 12 layers, width 768, 12 heads, SwiGLU 2048, 
 
 
 def test_fpa_110m_print_config_has_the_values_of_the_readme_card(capsys, monkeypatch):
-    """`python train.py fit --config fpa_110m.yaml --print_config` (README, "Configs"): the paper's setup as the card
+    """`python train.py fit --config fpa_110m.yaml --print_config` (docs/training.md, "Configs"): the paper's setup as the card
     states it, from the overlay and its base together (the same output as before the configs became overlays)."""
     monkeypatch.chdir(REPO)
     resolved = flat(printed_config(capsys, "--config", "fpa_110m.yaml"))

@@ -1,4 +1,4 @@
-"""Generation with a KV cache for every attention backend, with real eviction of dead keys (README, "Generation").
+"""Generation with a KV cache for every attention backend, with real eviction of dead keys (docs/generation.md).
 
 ``generate`` continues prompts; ``DecodeSession`` is the engine under it (prefill by the parallel forward, extend
 by pieces, a static-shape step captured in a CUDA graph); ``KVCache`` holds K, V and each backend's per-key state;

@@ -184,7 +184,7 @@ def test_passkey_with_compare(tmp_path, ckpts, monkeypatch, tokenizer):
 
 
 def expected_verdict(difference: dict, margin: float) -> str:
-    """The non-inferiority rule as documented (README, "Evaluation"): superior when the whole interval of A − B lies
+    """The non-inferiority rule as documented (docs/evaluation.md): superior when the whole interval of A − B lies
     below 0, non-inferior when its upper end lies below the margin, otherwise not shown."""
     if difference["upper"] < 0:
         return "superior"

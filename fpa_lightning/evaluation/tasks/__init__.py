@@ -1,7 +1,7 @@
 """The evaluation tasks, one module each; this registry is what ``eval.py --task`` accepts.
 
 A task module defines ``TASK`` (a ``Task``: description, the options it reads, its runner) and the function that
-does the work on loaded checkpoints. A new task is a new module plus one line here (docs in README, "Evaluation").
+does the work on loaded checkpoints. A new task is a new module plus one line here (docs/evaluation.md).
 """
 from fpa_lightning.evaluation.tasks import (babilong, cache_prune, generate, lm_eval, passkey, pg19_long, probes,
                                             ruler, test_loss)

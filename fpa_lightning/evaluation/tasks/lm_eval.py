@@ -3,7 +3,7 @@
 
 Standard tasks (hellaswag, piqa, arc_easy, arc_challenge, winogrande, lambada_openai, ...) download their data
 sets from the Hugging Face hub. Offline, a task defined by a local YAML over local JSON works: put the YAML in a
-folder and pass ``--include-path FOLDER --tasks NAME`` (README, "Evaluation").
+folder and pass ``--include-path FOLDER --tasks NAME`` (docs/evaluation.md).
 """
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def lm_eval_tasks(models: list[LoadedModel], runtime: Runtime, data: EvalData, t
                 numpy_random_seed=runtime.seed, torch_random_seed=runtime.seed, fewshot_random_seed=runtime.seed))
         except ConnectionError as err:
             raise ConnectionError(f"{err}; offline, define a local task (--include-path FOLDER with a YAML over "
-                                  "local JSON, README 'Evaluation')") from err
+                                  "local JSON, docs/evaluation.md)") from err
     return _summarize(models, runtime, runs)
 
 

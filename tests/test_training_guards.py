@@ -53,17 +53,22 @@ def poison(monkeypatch, when):
     monkeypatch.setattr(LanguageModel, "token_losses", token_losses)
 
 
-def test_a_nan_train_loss_stops_before_the_step_naming_batch_and_last_good_checkpoint(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
+def nth_train_batch(n: int):
+    """A `poison` predicate: true for the n-th training batch (micro-batch) of the run, never in validation."""
     calls = {"train": 0}
 
-    def third_train_batch(module):
+    def when(module):
         if module.training:
             calls["train"] += 1
-            return calls["train"] == 3
+            return calls["train"] == n
         return False
 
-    poison(monkeypatch, third_train_batch)
+    return when
+
+
+def test_a_nan_train_loss_stops_before_the_step_naming_batch_and_last_good_checkpoint(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    poison(monkeypatch, nth_train_batch(3))
     with pytest.raises(NonFiniteLossError) as info:
         main(tiny_quickstart_args(tmp_path / "runs", 6) + ["--checkpoint.every_n_train_steps=1"])
     folder = tmp_path / "runs" / "quickstart" / "version_0" / "checkpoints"
@@ -79,15 +84,7 @@ def test_a_nan_train_loss_stops_before_the_step_naming_batch_and_last_good_check
 
 def test_with_gradient_accumulation_the_check_is_per_optimizer_step_and_names_the_micro_batch(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    calls = {"train": 0}
-
-    def fourth_micro_batch(module):
-        if module.training:
-            calls["train"] += 1
-            return calls["train"] == 4  # the second micro-batch of optimizer step 2
-        return False
-
-    poison(monkeypatch, fourth_micro_batch)
+    poison(monkeypatch, nth_train_batch(4))  # the second micro-batch of optimizer step 2
     with pytest.raises(NonFiniteLossError, match=r"at optimizer step 2 \(rank 0: loss nan at train batch 4 of rank "
                                                  r"0 \(logical worker 0: from \[pass 0, document \d+, token \d+\]") as info:
         main(tiny_quickstart_args(tmp_path / "runs", 4) + ["--checkpoint.every_n_train_steps=1",

@@ -1,26 +1,10 @@
 """Shared by the generation tests: tiny float64 decoders of every backend and FPA variant."""
 import torch
 
+from _backend_variants import VARIANTS  # noqa: F401 (the generation tests run every variant)
 from fpa_lightning import Decoder, ModelConfig
 
 VOCAB = 50
-
-# every backend and FPA variant: (id, attention options)
-VARIANTS = [
-    ("sdpa", {"backend": "sdpa"}),
-    ("nope", {"backend": "nope"}),
-    ("alibi", {"backend": "alibi"}),
-    ("fox", {"backend": "fox"}),
-    ("fpa", {"backend": "fpa"}),
-    ("fpa-stack", {"backend": "fpa", "fpa_form": "stack"}),
-    ("fpa-level-none", {"backend": "fpa", "fpa_level": "none"}),
-    ("fpa-level-query", {"backend": "fpa", "fpa_level": "query"}),
-    ("fpa-dipsum", {"backend": "fpa", "fpa_reduction": "dipsum"}),
-    ("fpa-alibi", {"backend": "fpa", "positional": "alibi"}),
-    ("fpa-rope-layer1", {"backend": "fpa", "positional": "rope", "bias_layers": [1]}),
-    ("selective", {"backend": "selective"}),
-    ("dcp", {"backend": "dcp"}),
-]
 
 
 def tiny_decoder(seed: int = 0, **attention) -> Decoder:

@@ -1,25 +1,14 @@
 """Shared by the transformers tests: tiny float32 models of every backend and FPA variant, as ``FPAForCausalLM``."""
 import torch
 
+from _backend_variants import VARIANTS as ALL_VARIANTS
 from fpa_lightning import ModelConfig
 from fpa_lightning.hf import FPAConfig, FPAForCausalLM
 
 VOCAB = 64
 
-# every backend and FPA variant: (id, attention options)
-VARIANTS = [
-    ("sdpa", {"backend": "sdpa"}),
-    ("nope", {"backend": "nope"}),
-    ("alibi", {"backend": "alibi"}),
-    ("fox", {"backend": "fox"}),
-    ("fpa", {"backend": "fpa"}),
-    ("fpa-stack", {"backend": "fpa", "fpa_form": "stack"}),
-    ("fpa-level-query", {"backend": "fpa", "fpa_level": "query"}),
-    ("fpa-dipsum", {"backend": "fpa", "fpa_reduction": "dipsum"}),
-    ("fpa-rope-layer1", {"backend": "fpa", "positional": "rope", "bias_layers": [1]}),
-    ("selective", {"backend": "selective"}),
-    ("dcp", {"backend": "dcp"}),
-]
+# the transformers tests skip two FPA variants the generation tests cover (its key level "none" and ALiBi on top)
+VARIANTS = [v for v in ALL_VARIANTS if v[0] not in ("fpa-level-none", "fpa-alibi")]
 BIASED = [v for v in VARIANTS if v[1]["backend"] not in ("sdpa", "nope")]
 
 

@@ -96,7 +96,8 @@ def check_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Non
             users = sorted(name for name, task in TASKS.items() if option in task.options)
             parser.error(f"--{option.replace('_', '-')} does not apply to --task {args.task} "
                          f"(used by: {', '.join(users)})")
-    for option in ("max_docs", "trials", "max_len", "min_tokens", "seq_len", "batch_size", "window", "n_boot"):
+    for option in ("max_docs", "trials", "max_len", "min_tokens", "seq_len", "batch_size", "window", "n_boot",
+                   "block_rows"):
         value = getattr(args, option)
         if value is not None and value < 1:
             parser.error(f"--{option.replace('_', '-')} must be a positive integer, got {value}")

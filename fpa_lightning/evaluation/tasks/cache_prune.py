@@ -52,8 +52,6 @@ def check(args: argparse.Namespace, models: list[LoadedModel]) -> None:
         for m in filter(has_bias, models):
             for rule in rules:
                 check_rule(m.decoder, rule)
-    if args.block_rows is not None and args.block_rows < 1:
-        raise ValueError(f"--block-rows must be >= 1, got {args.block_rows}")
 
 
 def has_bias(model: LoadedModel) -> bool:

@@ -24,8 +24,8 @@ from fpa_lightning.generation.session import cached_token_losses
 
 DEFAULT_LENGTHS = [2048, 8192]
 DEFAULT_THRESHOLDS = [-10.0, -20.0, -5.0, -2.0, -1.0]  # the first one also prunes the pass-key trials
-DEFAULT_BLOCK_ROWS = 512  # query rows per block of the simulation: on an H200, 64-row blocks spent their time
-#                           launching small kernels (4.4–4.8k tokens/s in docs/lm_study.md's first run)
+DEFAULT_BLOCK_ROWS = 512  # query rows per block of the simulation: fewer, larger kernel launches than the layer's
+#                           64-row blocks (20.5k tokens/s on an H200 in the study, BENCHMARKS.md)
 
 
 def run(args: argparse.Namespace, models: list[LoadedModel], runtime: Runtime, data: EvalData) -> TaskOutput:

@@ -3,6 +3,7 @@ through ``atomic_open``, so a reader, or a crash, sees the old file or the whole
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 from collections.abc import Iterator
@@ -34,6 +35,13 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", durable: bool = True) 
         raise
     if durable:
         _fsync_folder(folder)
+
+
+def write_json(path: str | os.PathLike, record, **dump_kwargs) -> None:
+    """``record`` as JSON in ``path``, through ``atomic_open``: an interrupted write leaves the previous file or the
+    new one whole, never a truncated one that a later run could not read back."""
+    with atomic_open(path) as f:
+        json.dump(record, f, **dump_kwargs)
 
 
 def _fsync_folder(folder: str) -> None:

@@ -1,4 +1,4 @@
-"""Reading the folders of ``eval.py --export hf`` and of transformers' ``save_pretrained`` (``fpa_lightning.hf``)
+"""Reading the folders of ``eval.py export`` and of transformers' ``save_pretrained`` (``fpa_lightning.hf``)
 without transformers, and the model card of an export.
 
 A folder holds ``config.json`` (``fpa_lightning.hf.FPAConfig``: the ``ModelConfig`` fields at the top level;
@@ -98,7 +98,7 @@ def model_card(decoder: Decoder, source: str, step: int | None, training: dict, 
     sections = [
         "---\nlibrary_name: transformers\ntags:\n- causal-lm\n- custom_code\n- " + attention.backend + "\n---\n",
         f"# {attention.backend} decoder, {decoder.num_parameters() / 1e6:.1f}M parameters\n",
-        f"Exported by `eval.py --export hf` from `{source}` (global step {step}).\n",
+        f"Exported by `eval.py export` from `{source}` (global step {step}).\n",
         "## Architecture\n",
         f"Decoder-only transformer: {cfg.n_layer} layers, d_model {cfg.d_model}, {cfg.n_head} heads, SwiGLU MLP of "
         f"{cfg.d_mlp}, RMSNorm, vocabulary {cfg.vocab_size}, training context {cfg.max_seq_len}, "

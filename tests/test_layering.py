@@ -1,9 +1,11 @@
-"""The package layers (README, "Architecture"): the core library ``fpa_lightning`` never imports the Lightning
-layer (``datamodules``, ``modules``, ``callbacks``) nor the entry points; the Lightning layer never imports the
-entry points. Read from the source (every import statement, also inside functions), not from what happens to load.
-Inside the core library, its packages and top-level modules form layers (``LIBRARY_LAYERS``): a module imports only
-from layers below its own. transformers (the optional hf extra) is imported only inside ``fpa_lightning/hf``, which
-loads when asked for."""
+"""The package layers (README, "Architecture"): the core library ``fpa_lightning`` never imports the layers above it
+(``datamodules``, the data; ``callbacks``; ``modules``, the applications: training, evaluation, probes) nor the entry
+points; those never import the entry points. Read from the source (every import statement, also inside functions),
+not from what happens to load. Inside the core library, its packages and top-level modules form layers
+(``LIBRARY_LAYERS``): a module imports only from layers below its own. The library is no application: it parses no
+command line, draws no figure, prints nothing and shows no progress bar (``APPLICATION_ONLY``, no ``print``, no
+``sys.stdout``/``sys.stderr``). transformers (the optional hf extra) is imported only inside ``fpa_lightning/hf``,
+which loads when asked for."""
 import ast
 import pathlib
 import subprocess
@@ -12,9 +14,11 @@ import sys
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-LIGHTNING_LAYER = {"datamodules", "modules", "callbacks"}
+ABOVE_THE_LIBRARY = {"datamodules", "modules", "callbacks"}
 ENTRY_POINTS = {"train", "eval"}
-FORBIDDEN = {"fpa_lightning": LIGHTNING_LAYER | ENTRY_POINTS, **{pkg: ENTRY_POINTS for pkg in LIGHTNING_LAYER}}
+FORBIDDEN = {"fpa_lightning": ABOVE_THE_LIBRARY | ENTRY_POINTS, **{pkg: ENTRY_POINTS for pkg in ABOVE_THE_LIBRARY}}
+APPLICATION_ONLY = {"argparse", "matplotlib", "tqdm"}
+"""What only an application imports: command lines, figures, progress bars."""
 
 
 def imported_top_levels(path: pathlib.Path) -> set[str]:
@@ -55,8 +59,8 @@ LIBRARY_LAYERS = (
     ("model",),                            # the Decoder
     ("__init__", "export", "generation"),  # the package face; export folders; KV cache and decoding
     ("analysis",),                         # maths shared by callbacks, probes and evaluation (survival, pruning, stats)
-    ("probes", "hf"),                      # the synthetic probe suite; the transformers classes
-    ("evaluation",),                       # checkpoints, tasks, the evaluation command line
+    ("probes", "hf"),                      # the synthetic probes, their model and training; the transformers classes
+    ("evaluation",),                       # checkpoints, scoring, statistics, prompt items, the harness adapter
 )
 
 
@@ -134,17 +138,54 @@ def test_the_layer_check_sees_the_old_upward_arrows(tmp_path):
     ]
 
 
+def application_code(path: pathlib.Path) -> list[str]:
+    """What in a file belongs to an application: imports of APPLICATION_ONLY, print calls, sys.stdout / sys.stderr."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found = [f"imports {name}" for name in sorted(imported_top_levels(path) & APPLICATION_ONLY)]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print":
+            found.append(f"line {node.lineno}: print")
+        elif (isinstance(node, ast.Attribute) and node.attr in ("stdout", "stderr")
+              and isinstance(node.value, ast.Name) and node.value.id == "sys"):
+            found.append(f"line {node.lineno}: sys.{node.attr}")
+    return found
+
+
+def test_the_library_parses_no_command_line_draws_nothing_and_prints_nothing():
+    found = [f"{path.relative_to(REPO)} {what}" for path in sorted((REPO / "fpa_lightning").rglob("*.py"))
+             for what in application_code(path)]
+    assert found == []
+
+
+def test_the_check_sees_application_code(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("import argparse\nimport sys\n\ndef f(log=print):\n    from matplotlib import pyplot\n"
+                   "    print('x', file=sys.stderr)\n    sys.stdout.write('y')\n    log('fine: a callable passed in')\n")
+    assert application_code(bad) == ["imports argparse", "imports matplotlib", "line 6: print", "line 6: sys.stderr",
+                                      "line 7: sys.stdout"]
+
+
 def test_only_the_hf_package_imports_transformers():
     outside = [f"{path.relative_to(REPO)}" for path in sorted((REPO / "fpa_lightning").rglob("*.py"))
                if "transformers" in imported_top_levels(path) and (REPO / "fpa_lightning" / "hf") not in path.parents]
     assert outside == []
 
 
-def test_importing_the_core_does_not_load_transformers():
-    """Importing the library, its evaluation command line and its generation does not load transformers (seconds of
-    start-up, and an optional dependency)."""
-    code = ("import sys, fpa_lightning, fpa_lightning.export, fpa_lightning.generation, fpa_lightning.evaluation.cli; "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'transformers'))")
+def loaded_after(imports: str, *packages: str) -> str:
+    """Which modules of `packages` a fresh interpreter has loaded after ``import {imports}``."""
+    code = (f"import sys, {imports}; print(sorted(m for m in sys.modules "
+            f"if any(m == p or m.startswith(p + '.') for p in {packages!r})))")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO)
     assert run.returncode == 0, run.stderr[-2000:]
-    assert run.stdout.strip() == "[]"
+    return run.stdout.strip()
+
+
+def test_importing_the_core_does_not_load_transformers():
+    """Importing the library (but its hf package and the harness adapter) does not load transformers (seconds of
+    start-up, and an optional dependency); the evaluation application imports fpa_lightning.hf and lm_eval only when
+    the export or the lm_eval task runs."""
+    library = ("fpa_lightning, fpa_lightning.export, fpa_lightning.generation, fpa_lightning.analysis.survival, "
+               "fpa_lightning.evaluation.checkpoint, fpa_lightning.evaluation.ruler, fpa_lightning.evaluation.babilong, "
+               "fpa_lightning.probes, fpa_lightning.probes.train, fpa_lightning.probes.theory")
+    assert loaded_after(library, "transformers") == "[]"
+    assert loaded_after("modules.evaluation.cli", "fpa_lightning.hf", "lm_eval") == "[]"

@@ -13,7 +13,7 @@ import torch
 
 from fpa_lightning.probes.model import Shape, variant
 from fpa_lightning.probes.sequences import Copy
-from fpa_lightning.probes.table import CRITERION
+from fpa_lightning.probes.stats import CRITERION
 from fpa_lightning.probes.train import Budget, train_row
 
 

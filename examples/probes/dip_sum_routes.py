@@ -26,8 +26,7 @@ import torch.nn.functional as F
 from fpa_lightning.probes.base import BOS, IGNORE, Probe, sample_each
 from fpa_lightning.probes.ladder import DipDuration
 from fpa_lightning.probes.model import Shape, variant
-from fpa_lightning.probes.stats import sign_test, successes
-from fpa_lightning.probes.table import CRITERION
+from fpa_lightning.probes.stats import CRITERION, sign_test, successes
 from fpa_lightning.probes.train import Budget, RowRun, held_out_set, seeded, train_row
 
 SEEDS = list(range(15))

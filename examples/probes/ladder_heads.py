@@ -21,9 +21,10 @@ import torch
 from fpa_lightning.probes.base import IGNORE
 from fpa_lightning.probes.ladder import Ladder, UnnamedLadder
 from fpa_lightning.probes.model import ProbeModel, Shape, variant
-from fpa_lightning.probes.table import CRITERION, LADDER_STEPS
+from fpa_lightning.probes.stats import CRITERION
 from fpa_lightning.probes.theory import linear_threshold_head
 from fpa_lightning.probes.train import Budget, held_out_set, train_row
+from modules.probes.table import LADDER_STEPS
 
 
 def accuracy(model: ProbeModel, probe: Ladder, n: int = 2048) -> float:

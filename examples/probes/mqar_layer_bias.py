@@ -19,9 +19,9 @@ import statistics
 import torch
 
 from fpa_lightning.probes.recall import Mqar
-from fpa_lightning.probes.table import GROUPS
 from fpa_lightning.probes.train import Budget, held_out_set, train_row
 from fpa_lightning.probes.model import variant
+from modules.probes.table import GROUPS
 
 
 def layer_biases(model, tokens: torch.Tensor) -> list[torch.Tensor]:

@@ -1,7 +1,7 @@
 """lm-evaluation-harness adapter: a Decoder as an ``lm_eval`` model (``lm_eval.api.model.LM``).
 
-Requires the optional extra ``pip install -e ".[eval]"`` (lm-eval 0.4.13); only ``tasks/lm_eval.py`` imports this
-module, when that task runs.
+Requires the optional extra ``pip install -e ".[eval]"`` (lm-eval 0.4.13); only the ``lm_eval`` task
+(``modules/evaluation/tasks/lm_eval.py``) imports this module, when it runs.
 
 Conventions (those of the harness's Hugging Face model, adapted to how these models were trained):
 * Every input starts with BOS, as every training document did; an empty context is BOS alone.
@@ -12,26 +12,50 @@ Conventions (those of the harness's Hugging Face model, adapted to how these mod
 * A batch is right-padded: the model is causal, so padding after a sequence does not change its outputs.
 * ``generate_until`` is greedy, through the KV cache (``fpa_lightning.generation.DecodeSession``), checking the
   stop strings after every token.
+
+The adapter shows nothing itself: whoever makes it may pass ``progress``, which it calls once per batch of requests
+(the evaluation application passes its progress bar, ``modules/evaluation/progress.py``).
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import torch
 from lm_eval.api.model import LM
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
-from fpa_lightning.evaluation.progress import Progress, Work
-from fpa_lightning.generation import DecodeSession
 from fpa_lightning.evaluation.scoring import Runtime
+from fpa_lightning.generation import DecodeSession
 from fpa_lightning.model import Decoder
 
 DEFAULT_MAX_GEN_TOKS = 256
 
 
+class Advance(Protocol):
+    def advance(self, tokens: int) -> None:
+        """One request (or window) of ``tokens`` tokens is done."""
+
+
+ProgressFactory = Callable[[str, list[int], str], contextlib.AbstractContextManager[Advance]]
+"""``progress(label, sizes, unit)``: the progress of one batch of requests, whose token lengths are ``sizes``; the
+adapter enters it, calls ``advance`` after each request, and leaves it when the batch is done."""
+
+
+class _Silent:
+    def advance(self, tokens: int) -> None:
+        pass
+
+
+def silent(label: str, sizes: list[int], unit: str) -> contextlib.AbstractContextManager[Advance]:
+    """The default progress: none."""
+    return contextlib.nullcontext(_Silent())
+
+
 @torch.no_grad()
 def continuation_logprobs(decoder: Decoder, pairs: Sequence[tuple[list[int], list[int]]], max_length: int,
-                          batch_size: int, runtime: Runtime, bar: Progress | None = None) -> list[tuple[float, bool]]:
+                          batch_size: int, runtime: Runtime, bar: Advance | None = None) -> list[tuple[float, bool]]:
     """For each (context ids, continuation ids): log p(continuation | context) in nats and whether greedy decoding
     produces the continuation. Inputs are left-truncated to max_length; batches right-padded, longest first."""
     out: list[tuple[float, bool] | None] = [None] * len(pairs)
@@ -76,13 +100,15 @@ class DecoderLM(LM):
     """A trained Decoder behind the harness's three request types (see the module doc)."""
 
     def __init__(self, decoder: Decoder, tokenizer, bos_id: int, eos_id: int, runtime: Runtime,
-                 max_length: int | None = None, batch_size: int = 1, name: str = "model"):
+                 max_length: int | None = None, batch_size: int = 1, name: str = "model",
+                 progress: ProgressFactory = silent):
         super().__init__()
         self.decoder, self.tokenizer, self.bos_id, self.eos_id = decoder, tokenizer, bos_id, eos_id
         self.runtime = runtime
         self.max_length = max_length or decoder.cfg.max_seq_len
         self.batch_size = batch_size
         self.name = name
+        self.progress = progress
         self._device = runtime.device
 
     def encode(self, text: str) -> list[int]:
@@ -96,8 +122,8 @@ class DecoderLM(LM):
         context_ids = [self.bos_id, *self.encode(context)]
         return context_ids, whole[len(context_ids):]
 
-    def _bar(self, kind: str, sizes: list[int], unit: str) -> Progress:
-        return Progress(f"lm_eval {self.name} {kind}", [Work(0, sizes)], unit=unit)
+    def _bar(self, kind: str, sizes: list[int], unit: str) -> contextlib.AbstractContextManager[Advance]:
+        return self.progress(f"lm_eval {self.name} {kind}", sizes, unit)
 
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
         pairs = [self.encode_pair(*r.args) for r in requests]

@@ -8,7 +8,9 @@ space, and no Mistral token straddles a space that follows a non-space (see ``da
 
 Greedy success is scored in one forward pass: greedy decoding reproduces the answer iff at every answer
 position the answer token is the argmax given the prompt and the answer tokens before it, which is what
-teacher forcing computes. Only the answer positions are projected onto the vocabulary.
+teacher forcing computes. Only the answer positions are projected onto the vocabulary. Under a pruning rule the
+answer is instead decoded greedily through the KV cache with real eviction (``decode_trial``), where a key once
+dropped stays dropped.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from fpa_lightning.generation import DecodeSession, PruneRule
 from fpa_lightning.model import Decoder
 
 INTRO = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
@@ -106,3 +109,18 @@ def score_trial(decoder: Decoder, trial: PasskeyTrial, device: torch.device) -> 
     answer = trial.answer.to(device)
     nll = torch.nn.functional.cross_entropy(logits, answer, reduction="sum")
     return PasskeyScore(bool((logits.argmax(-1) == answer).all()), float(nll))
+
+
+@torch.no_grad()
+def decode_trial(decoder: Decoder, trial: PasskeyTrial, rule: PruneRule) -> tuple[bool, dict]:
+    """Greedy decoding of the answer through the KV cache under `rule` (keys evicted for good): whether it is the
+    key, and the cache's statistics at the end (``DecodeSession.stats``: kept fraction, cache bytes, ...)."""
+    session = DecodeSession(decoder, rule=rule)
+    steps = trial.answer.numel()
+    logits = session.prefill([trial.input_ids[: trial.prompt_len]], max_new_tokens=steps)
+    answer = []
+    for i in range(steps):
+        answer.append(logits.argmax(dim=-1))
+        if i + 1 < steps:
+            logits = session.step(answer[-1])
+    return bool(torch.equal(torch.cat(answer).cpu(), trial.answer)), session.stats()

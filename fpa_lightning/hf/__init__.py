@@ -1,10 +1,10 @@
 """Hugging Face interop (needs the ``hf`` extra: ``pip install -e ".[hf]"``). Importing this package registers the
 ``fpa_lightning`` model type with ``AutoConfig`` and ``AutoModelForCausalLM``; the rest of the library imports it
-only for ``eval.py --export hf``.
+only for ``eval.py export``.
 
 ``FPAConfig`` (the ``ModelConfig``), ``FPAForCausalLM`` (the ``Decoder``), ``FPACache`` (the KV cache behind
 ``generate``); ``remote.write_remote_code`` makes a saved folder loadable with ``trust_remote_code=True`` where this
-package is not installed; ``export.save_export`` writes the folder of ``eval.py --export hf`` (docs/hf.md).
+package is not installed; ``export.save_export`` writes the folder of ``eval.py export`` (docs/hf.md).
 """
 from transformers import AutoConfig, AutoModelForCausalLM
 

@@ -1,4 +1,4 @@
-"""The folder of ``eval.py --export hf``: a transformers model folder that loads three ways.
+"""The folder of ``eval.py export``: a transformers model folder that loads three ways.
 
 * ``AutoModelForCausalLM.from_pretrained(path)`` after ``import fpa_lightning.hf`` (the registered classes);
 * ``AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True)`` anywhere (``auto_map`` and the copied

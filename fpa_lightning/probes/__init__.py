@@ -1,5 +1,7 @@
 """The probe suite (docs/probes.md): the paper's synthetic probes, a bounded-capacity probe model built from the
-project's attention layer, seed ensembles, the exact sign test, and the table the paper reports."""
+project's attention layer, seed ensembles and the training of one row, the exact sign test, and the hand-built heads
+of the theory. The paper's table (its groups, the runner that trains them, the report) is an application of this
+package: ``modules/probes``."""
 from fpa_lightning.probes.base import IGNORE, Probe, ProbeBatch
 from fpa_lightning.probes.dips import DipDepth
 from fpa_lightning.probes.ladder import DipDuration, Ladder, MultiDipLadder, UnnamedLadder

@@ -11,6 +11,9 @@ from dataclasses import asdict, dataclass
 
 from fpa_lightning.analysis.stats import binomial_at_least
 
+CRITERION = 0.99
+"""Default success criterion: held-out accuracy at or above this, per seed."""
+
 
 @dataclass(frozen=True)
 class SignTest:

@@ -7,9 +7,9 @@ import pathlib
 import pytest
 import torch
 
-from fpa_lightning.evaluation.tasks.passkey import pruning_rules
 from fpa_lightning.generation import DecodeSession, GenerationConfig, PruneRule, generate
 from fpa_lightning.generation.rule import KeptStats, PruningHook, check_rule, check_threshold, threshold_rule
+from modules.evaluation.tasks.passkey import pruning_rules
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "fpa_lightning"
 

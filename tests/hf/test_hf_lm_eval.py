@@ -24,7 +24,7 @@ PROMPTS = ["In the beginning God created", "The LORD is my shepherd;", "And God 
 @pytest.fixture(scope="module")
 def export(ckpts, tmp_path_factory):
     out = tmp_path_factory.mktemp("lm_eval") / "export"
-    main(["--export", "hf", "--ckpt", ckpts["fpa"], "--out", str(out)])
+    main(["export", "--ckpt", ckpts["fpa"], "--out", str(out)])
     return out
 
 

@@ -10,10 +10,11 @@ from fpa_lightning.probes import IGNORE
 from fpa_lightning.probes.model import ProbeModel, Shape
 from fpa_lightning.probes.names import FindName, FindNameByPlace
 from fpa_lightning.probes.recall import Mqar, held_out_accuracy
-from fpa_lightning.probes.table import CRITERION, GROUPS
+from fpa_lightning.probes.stats import CRITERION
 from fpa_lightning.probes.theory import best_accuracy_from, hand_built_walk_head, push_pop_position_blind_features
 from fpa_lightning.probes.train import held_out_set
 from fpa_lightning.probes.walks import PushPop, TwoFamilies
+from modules.probes.table import GROUPS
 
 
 def accuracy(model, probe, n=2000, seed=11) -> float:

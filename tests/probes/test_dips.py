@@ -7,9 +7,9 @@ import torch
 
 from fpa_lightning.probes import IGNORE
 from fpa_lightning.probes.dips import DipDepth
-from fpa_lightning.probes.table import GROUPS
 from fpa_lightning.probes.theory import dip_depth_head
 from fpa_lightning.probes.train import Budget, held_out_set, row_data
+from modules.probes.table import GROUPS
 
 PROBES = [DipDepth(), DipDepth(durations=(3, 4)), DipDepth(durations=(1,)), DipDepth(durations=(1, 2, 3, 4)),
           DipDepth(bottom="stay"), DipDepth(durations=(3, 4), bottom="stay")]

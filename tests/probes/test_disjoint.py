@@ -9,10 +9,10 @@ from fpa_lightning.probes.base import Probe, ProbeBatch
 from fpa_lightning.probes.dips import DipDepth
 from fpa_lightning.probes.ladder import DipDuration, Ladder
 from fpa_lightning.probes.model import Shape, variant
-from fpa_lightning.probes.runner import row_identity
-from fpa_lightning.probes.table import GROUPS, Group
 from fpa_lightning.probes.train import Budget, held_out_set, in_held_out, row_data, train_row
 from fpa_lightning.probes.walks import PushPop
+from modules.probes.runner import row_identity
+from modules.probes.table import GROUPS, Group
 
 SMALL = Budget(steps=4, batch=64, test=128)  # a pool of 256 sequences, 128 held out
 DATA = list({(g.probe.key, g.test_probe.key if g.test_probe is not None else None): g for g in GROUPS}.values())

@@ -7,10 +7,10 @@ import torch
 from fpa_lightning.probes import IGNORE
 from fpa_lightning.probes.model import Shape, variant
 from fpa_lightning.probes.recall import Mqar, held_out_accuracy, layer_bias_ablation, without_layer_bias
-from fpa_lightning.probes.table import GROUPS
 from fpa_lightning.probes.theory import hand_built_walk_head
 from fpa_lightning.probes.train import Budget, held_out_set, make_model, train_row
 from fpa_lightning.probes.walks import PushPop
+from modules.probes.table import GROUPS
 
 LONG = Mqar(pairs=32, keys=256, values=256, length=256)
 

@@ -11,9 +11,9 @@ from fpa_lightning.probes import IGNORE
 from fpa_lightning.probes.model import Shape, variant
 from fpa_lightning.probes.names import FindName, FindNameByPlace, without_content_retrieval
 from fpa_lightning.probes.recall import held_out_accuracy
-from fpa_lightning.probes.table import GROUPS
 from fpa_lightning.probes.theory import hand_built_walk_head
 from fpa_lightning.probes.train import make_model
+from modules.probes.table import GROUPS
 
 
 def walk_form(probe: FindNameByPlace, tokens: list[int]) -> tuple[list[int], int]:

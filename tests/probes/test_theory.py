@@ -9,7 +9,7 @@ from fpa_lightning.attention import AttentionConfig
 from fpa_lightning.probes import IGNORE
 from fpa_lightning.probes.ladder import DipDuration, Ladder, UnnamedLadder
 from fpa_lightning.probes.model import ProbeModel, Shape
-from fpa_lightning.probes.table import CRITERION
+from fpa_lightning.probes.stats import CRITERION
 from fpa_lightning.probes.theory import (HEAD_DIM, best_accuracy_from, hand_built_fpa_head, linear_threshold_head,
                                          position_blind_features)
 

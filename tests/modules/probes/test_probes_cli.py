@@ -13,7 +13,7 @@ TINY = ["--task", "probes", "--probes", "dip_duration", "--backends", "fpa", "fp
 
 
 def test_a_tiny_table_trains_writes_json_and_resumes(tmp_path, capsys, monkeypatch):
-    from fpa_lightning.probes import runner
+    from modules.probes import runner
 
     trained = {}  # (probe key, variant description) -> (probe, the trained seeds, held-out size)
     real_train_row = runner.train_row
@@ -72,8 +72,8 @@ def test_list_and_misuse(tmp_path, capsys):
 def test_the_partial_file_is_replaced_whole(tmp_path, monkeypatch):
     """probes.partial.json is written through a temporary file and renamed: a write that breaks off (a full disk, a
     kill) leaves the previous version whole, which the next run reads back."""
-    from fpa_lightning.probes import runner
-    from fpa_lightning.probes.table import select
+    from modules.probes import runner
+    from modules.probes.table import select
     from fpa_lightning.probes.train import Budget
 
     plan = select(["dip_duration"], ["fpa", "fpa_dipsum"])

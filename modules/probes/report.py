@@ -20,7 +20,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only
 import matplotlib.pyplot as plt
 
-from fpa_lightning.probes.table import REFERENCE
+from modules.probes.table import REFERENCE
 
 
 def _p(value: float) -> str:

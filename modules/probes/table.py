@@ -14,10 +14,9 @@ from fpa_lightning.probes.model import VARIANTS, Shape
 from fpa_lightning.probes.names import FindName, VarAssign
 from fpa_lightning.probes.recall import Mqar
 from fpa_lightning.probes.sequences import Copy, Counting, FlipFlop
+from fpa_lightning.probes.stats import CRITERION
 from fpa_lightning.probes.walks import PushPop, TwoFamilies
 
-CRITERION = 0.99
-"""Default success criterion: held-out accuracy at or above this, per seed."""
 REFERENCE = "fpa"
 """The backend every other backend of a group is compared with."""
 

@@ -8,12 +8,19 @@ from fpa_lightning.evaluation.checkpoint import LoadedModel
 from fpa_lightning.evaluation.data import EvalData
 from fpa_lightning.evaluation.ruler import BOOK_TASKS, RULER_TASKS, RulerBuilder
 from fpa_lightning.evaluation.scoring import Runtime
-from fpa_lightning.evaluation.tasks.common import Task, TaskOutput
-from fpa_lightning.evaluation.tasks.synthetic import run_generated
+from modules.evaluation.tasks.common import Task, TaskOutput
+from modules.evaluation.tasks.synthetic import run_generated
 
 DEFAULT_LENGTHS = [4096, 8192, 16384]
 DEFAULT_ITEMS = 100
 BOOK_DOCUMENTS = 16  # documents read for the book haystack unless --max-docs says otherwise
+
+
+def option_help(task: str) -> dict[str, str]:
+    """What the shared options mean for a generated-prompt task (ruler, babilong)."""
+    return {"lengths": f"{task}: prompt lengths (default {' '.join(map(str, DEFAULT_LENGTHS))})",
+            "trials": f"{task}: items per task and length (default {DEFAULT_ITEMS})",
+            "max_docs": f"{task}: documents read for the book haystack (default {BOOK_DOCUMENTS})"}
 
 
 def add_arguments(group: argparse._ArgumentGroup) -> None:
@@ -40,4 +47,5 @@ def ruler(models: list[LoadedModel], runtime: Runtime, data: EvalData, tasks: li
 
 TASK = Task("RULER-style needle retrieval, variable tracking, common/frequent words at 4k-16k; string-match score, "
             "exact CIs, McNemar with --compare",
-            frozenset({"lengths", "trials", "max_docs", "data", "ruler_tasks"}), run, add_arguments=add_arguments)
+            frozenset({"lengths", "trials", "max_docs", "data", "ruler_tasks"}), run, add_arguments=add_arguments,
+            option_help=option_help("ruler"))

@@ -16,11 +16,11 @@ from multiprocessing import get_context
 
 import torch
 
-from fpa_lightning.atomic import atomic_open
+from fpa_lightning.atomic import write_json
 from fpa_lightning.probes.model import variant
 from fpa_lightning.probes.stats import sign_test, successes
-from fpa_lightning.probes.table import REFERENCE, Group
 from fpa_lightning.probes.train import Budget, train_row
+from modules.probes.table import REFERENCE, Group
 
 
 def row_identity(group: Group, backend: str, seeds: list[int], budget: Budget) -> dict:
@@ -87,7 +87,7 @@ def run_rows(plan: list[tuple[Group, str]], seeds: list[int], budget: Budget, st
     def finished(n: int, i: int, record: dict) -> None:
         done[i] = record
         if partial is not None:
-            write_json_atomic(partial, {"rows": [done[j] for j in sorted(done)]})
+            write_json(partial, {"rows": [done[j] for j in sorted(done)]})
         elapsed = time.time() - started
         eta = elapsed / n * (len(todo) - n)
         log(f"[{n}/{len(todo)}] {record['group']} · {record['backend']}: {record['successes']}/{len(seeds)} seeds "
@@ -109,13 +109,6 @@ def run_rows(plan: list[tuple[Group, str]], seeds: list[int], budget: Budget, st
                 f"({group.probe.key}{tested}, {group.shape.describe()})")
             finished(n, i, row_record(*job, progress=_progress_printer(row_budget.steps, log)))
     return [done[i] for i in range(len(plan))]
-
-
-def write_json_atomic(path: str, record) -> None:
-    """JSON written atomically (``fpa_lightning.atomic``): an interrupted run leaves the previous file or the new one
-    whole, never a truncated one that the next run could not read back."""
-    with atomic_open(path) as f:
-        json.dump(record, f)
 
 
 def _worker_init(workers: int) -> None:

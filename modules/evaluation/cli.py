@@ -1,46 +1,86 @@
-"""Command line of ``eval.py``: parse, check, load the checkpoint(s), run one task, write its outputs.
+"""Command line of ``eval.py``: ``--task TASK`` runs one evaluation (parse, check, load the checkpoint(s), run the
+task, write its outputs); the verb ``export`` writes a checkpoint as a transformers folder (``export.py``).
 
-The data come from outside the core: ``main`` takes a factory that builds an ``EvalData`` from ``--data``
-(``eval.py`` passes ``datamodules.EvalCorpus``)."""
+``eval.py --help`` shows the options every task reads and lists the tasks; ``eval.py --task TASK --help`` adds that
+task's own options, and no other task's. The data come from outside: ``main`` takes a factory that builds an
+``EvalData`` from ``--data`` (``eval.py`` passes ``datamodules.EvalCorpus``)."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import hashlib
 import math
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Sequence
 
 import torch
 
 from fpa_lightning.attention.config import IMPLS
 from fpa_lightning.evaluation.checkpoint import CheckpointError, LoadedModel, load_decoder
 from fpa_lightning.evaluation.data import EvalData
-from fpa_lightning.export import load_hf, model_card
-from fpa_lightning.evaluation.report import write_outputs
 from fpa_lightning.evaluation.scoring import Runtime
-from fpa_lightning.evaluation.tasks import TASKS
+from modules.evaluation import export
+from modules.evaluation.inputs import DataFactory, load_data, resolve_device
+from modules.evaluation.report import write_outputs
+from modules.evaluation.tasks import TASKS
 
 # the task-specific options (argparse dests); each task lists the ones it reads, any other one is an error
 TASK_SPECIFIC_OPTIONS = sorted(set().union(*(task.options for task in TASKS.values())))
 
 
-def build_parser() -> argparse.ArgumentParser:
+class _Moved(argparse.Action):
+    """The old ``--export hf``: a one-line error that names the verb which replaced it."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(export.MOVED)
+
+
+class _Options:
+    """Where ``build_parser`` puts each option. One that every task reads goes on the parser; a task-specific one only
+    when one of the parser's tasks reads it, and for the help of a single task into a group of its own, with the help
+    text that task gives it (``Task.option_help``)."""
+
+    def __init__(self, parser: argparse.ArgumentParser, tasks: Sequence[str]):
+        self.parser, self.tasks = parser, list(tasks)
+        self.group = parser.add_argument_group(f"--task {tasks[0]}") if len(tasks) == 1 else parser
+
+    def add_argument_group(self, title: str) -> _Options:  # Task.add_arguments adds its options here
+        return self
+
+    def add_argument(self, *flags: str, **settings) -> None:
+        dest = settings.get("dest") or flags[0].lstrip("-").replace("-", "_")
+        if dest not in TASK_SPECIFIC_OPTIONS:
+            self.parser.add_argument(*flags, **settings)
+        elif any(dest in TASKS[name].options for name in self.tasks):
+            if len(self.tasks) == 1:
+                settings["help"] = TASKS[self.tasks[0]].option_help.get(dest, settings.get("help"))
+            self.group.add_argument(*flags, **settings)
+
+
+def build_parser(tasks: Sequence[str] = tuple(TASKS)) -> argparse.ArgumentParser:
+    """The options all tasks read and those of `tasks`: every task's to parse a command line; one task's, or none,
+    for ``--help``."""
+    described = (f"--task {tasks[0]}: {TASKS[tasks[0]].description}" if len(tasks) == 1 else "tasks:\n" + "\n".join(
+        f"  {name:12s} {task.description}" for name, task in TASKS.items()))
+    every = len(tasks) > 1  # the parser of a command line, whose usage would list every task's options
     p = argparse.ArgumentParser(
-        prog="eval.py",
-        description="Evaluate a trained checkpoint (optionally paired against a second one).\n\ntasks:\n"
-        + "\n".join(f"  {name:12s} {task.description}" for name, task in TASKS.items()),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+        prog="eval.py", add_help=False, formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="eval.py --task TASK [options] (eval.py --task TASK --help), or eval.py export" if every else None,
+        description=f"Evaluate a trained checkpoint (optionally paired against a second one).\n\n{described}",
+        epilog="eval.py --task TASK --help: the options of TASK. eval.py export --help: the verb that writes a "
+        "checkpoint as a transformers model folder.")
+    p.add_argument("-h", "--help", action="store_true", default=argparse.SUPPRESS,
+                   help="show this help (with --task TASK: and that task's options) and exit")
+    add_options(_Options(p, tasks))
+    return p
+
+
+def add_options(p: _Options) -> None:
     p.add_argument("--task", choices=sorted(TASKS), help="which evaluation to run")
-    p.add_argument("--export", choices=("hf",), help="instead of a task: write the checkpoint as a transformers "
-                   "model folder into --out (safetensors, config.json, the model's code for trust_remote_code, "
-                   "tokenizer, model card; needs the hf extra)")
-    p.add_argument("--overwrite", action="store_true", help="--export: replace the files of an --out folder that "
-                   "already holds some (default: refuse); --task: replace the task's earlier JSON and figures in "
-                   "--out (default: an existing result is an error)")
+    p.add_argument("--export", nargs="?", action=_Moved, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    p.add_argument("--overwrite", action="store_true", help="replace the task's earlier JSON and figures in --out "
+                   "(default: an existing result is an error)")
     p.add_argument("--ckpt", help="Lightning checkpoint of model A (every task but probes, which trains its models)")
     p.add_argument("--compare", metavar="CKPT_B", help="checkpoint of model B: same items, paired differences A − B")
     p.add_argument("--data", help="local data: folder (PG-19 / SlimPajama layout), file or glob of "
@@ -58,39 +98,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of pass-key prompts and bootstrap resampling")
     p.add_argument("--n-boot", type=int, default=10_000, help="bootstrap resamples")
     p.add_argument("--confidence", type=float, default=0.95, help="interval confidence level")
-    p.add_argument("--max-docs", type=int, help="at most this many documents / sequences (ruler, babilong: "
-                   "documents read for the book haystack, default 16)")
-    p.add_argument("--trials", type=int, help="passkey: trials per length; ruler, babilong: items per task and "
-                   "length (default 100)")
-    p.add_argument("--lengths", type=int, nargs="+", help="passkey: prompt lengths (default 3072 4096 8192 16384); "
-                   "cache_prune: evaluation lengths (default 2048 8192); ruler, babilong: default 4096 8192 16384")
-    p.add_argument("--max-len", type=int, help="pg19_long: tokens scored per book (default 16384)")
+    # the options of several tasks (--max-docs, --trials, --lengths, --max-len, --batch-size, --window, --data):
+    # each of those tasks says in its Task.option_help what one means for it
+    p.add_argument("--max-docs", type=int, help="at most this many documents")
+    p.add_argument("--trials", type=int, help="items per length")
+    p.add_argument("--lengths", type=int, nargs="+", help="lengths in tokens")
+    p.add_argument("--max-len", type=int, help="a length in tokens")
     p.add_argument("--buckets", type=int, nargs="+", help="pg19_long: position bucket edges (default: 0 and "
                    "powers of two from ~max_len/64 up to max_len)")
     p.add_argument("--min-tokens", type=int, help="pg19_long: skip books shorter than this (default max_len + 1, "
                    "so every book covers every bucket)")
     p.add_argument("--seq-len", type=int, help="test_loss: sequence length (default: the model's training context)")
-    p.add_argument("--batch-size", type=int, help="test_loss: sequences per forward pass (default 4)")
+    p.add_argument("--batch-size", type=int, help="inputs per forward pass")
     p.add_argument("--margin", type=float, help="test_loss --compare: non-inferiority margin in nats (default 0.00995)")
     p.add_argument("--thresholds", type=float, nargs="+", help="cache_prune: bias thresholds, the first one also "
                    "for the pass keys (default -10 -20 -5 -2 -1)")
-    p.add_argument("--window", type=int, help="cache_prune, passkey: sliding window for a checkpoint without a bias "
-                   "(cache_prune default: matched to the compared model's kept fraction)")
+    p.add_argument("--window", type=int, help="sliding window for a checkpoint without a bias")
     p.add_argument("--passkey-lengths", type=int, nargs="*", help="cache_prune: pass-key lengths under pruning "
                    "(default 8192 16384; none to skip)")
     for name, task in TASKS.items():  # options only one task reads may be defined by that task
         if task.add_arguments is not None:
             task.add_arguments(p.add_argument_group(f"--task {name}"))
-    return p
 
 
 def check_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-    if (args.task is None) == (args.export is None):
-        parser.error("give one of --task TASK or --export hf")
-    if args.export is not None:
-        if args.out is None or args.compare is not None:
-            parser.error("--export hf writes one checkpoint (--ckpt) into --out DIR; --out is required")
-        return
+    if args.task is None:
+        parser.error("give --task TASK (eval.py --help lists the tasks), or the verb export (eval.py export --help)")
     for option in TASK_SPECIFIC_OPTIONS:
         if getattr(args, option) is not None and option not in TASKS[args.task].options:
             users = sorted(name for name, task in TASKS.items() if option in task.options)
@@ -122,46 +155,10 @@ def check_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Non
         parser.error(f"--data {args.data!r} does not exist")
 
 
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {name}: no CUDA device is available")
-    return device
-
-
 def settings(args: argparse.Namespace) -> dict:
     """Every option as given (None = the task's default, resolved values are in the results)."""
-    skip = {"task", "ckpt", "compare", "data", "out", "overwrite", "tensorboard", "export"}
+    skip = {"task", "ckpt", "compare", "data", "out", "overwrite", "tensorboard"}
     return {k: v for k, v in vars(args).items() if k not in skip}
-
-
-def tokenizer_source(args: argparse.Namespace, models: list[LoadedModel]) -> str | None:
-    """--tokenizer, else the tokenizer the checkpoint(s) were trained with (compared checkpoints must agree)."""
-    if args.tokenizer is not None:
-        return args.tokenizer
-    sources = {m.tokenizer for m in models}
-    if len(sources) > 1:
-        raise ValueError(f"the checkpoints were trained with different tokenizers {sorted(map(str, sources))}: "
-                         "paired items need one; choose it with --tokenizer")
-    return models[0].tokenizer
-
-
-def load_data(args: argparse.Namespace, models: list[LoadedModel],
-              data_factory: Callable[[str | None, str | None], EvalData]) -> EvalData:
-    """The task's data with the checkpoint's tokenizer, which is loaded now so that a missing file fails early."""
-    if args.task is not None and not TASKS[args.task].needs_checkpoint:  # a task that trains its own models (probes) reads no text
-        return data_factory(args.data, None)
-    source = tokenizer_source(args, models)
-    data = data_factory(args.data, source)
-    try:
-        data.tokenizer
-    except (FileNotFoundError, ModuleNotFoundError, ConnectionError) as err:
-        origin = "--tokenizer" if args.tokenizer else f"the checkpoint's training tokenizer ({source or 'default'})"
-        raise ValueError(f"cannot load {origin}: {err}; give --tokenizer PATH/tokenizer.json (a relative path in a "
-                         "checkpoint is relative to the training directory)") from err
-    return data
 
 
 def announce_setup(args: argparse.Namespace, models: list[LoadedModel], data: EvalData, device: torch.device) -> None:
@@ -181,59 +178,28 @@ def announce_setup(args: argparse.Namespace, models: list[LoadedModel], data: Ev
     sys.stderr.flush()
 
 
-def export(model: LoadedModel, data: EvalData, out_dir: str, impl: str | None, overwrite: bool) -> str:
-    """``--export hf``: write the transformers folder (``fpa_lightning.hf.export``), reload it with our loader and
-    with transformers and check that both give identical logits; returns ``out_dir``. The exported config keeps the
-    implementation the model was trained with (``impl`` overrides it)."""
-    try:
-        from fpa_lightning.hf.export import save_export
-        from fpa_lightning.hf.modeling import FPAForCausalLM
-    except ImportError as err:
-        raise ValueError(f"--export hf needs transformers: pip install -e \".[hf]\" ({err})") from err
-    tokenizer = data.describe()["tokenizer"]
-    card = model_card(model.decoder, os.path.abspath(model.path), model.global_step, model.training,
-                      model.training.get("attention_impls"), tokenizer)
-    trained = model.training["hyper_parameters"]["model"]["attention"]["impl"]
-    cfg = model.decoder.cfg
-    cfg = dataclasses.replace(cfg, attention=dataclasses.replace(cfg.attention, impl=impl or trained))
-    paths = save_export(model.decoder, out_dir, card, data.tokenizer, data.bos_id, data.eos_id, cfg, overwrite)
-    device = next(model.decoder.parameters()).device
-    ids = torch.randint(3, cfg.vocab_size, (1, min(64, cfg.max_seq_len)), device=device)
-    ours = load_hf(out_dir, device, model.decoder.cfg.attention.impl)
-    config = FPAForCausalLM.config_class.from_pretrained(out_dir)
-    config.attention["impl"] = model.decoder.cfg.attention.impl
-    theirs = FPAForCausalLM.from_pretrained(out_dir, config=config).to(device).eval()
-    with torch.no_grad():
-        logits = model.decoder(ids)
-        if not (torch.equal(logits, ours(ids)) and torch.equal(logits, theirs(ids).logits)):
-            raise RuntimeError(f"{out_dir}: the reloaded export gives different logits")  # a bug: stop loudly
-    code = [p for name, p in paths.items() if name.endswith(".py")]
-    for name, path in paths.items():
-        if not name.endswith(".py"):
-            print(f"export: {path}")
-    print(f"export: {len(code)} source files for trust_remote_code=True, copied from the installed fpa_lightning")
-    print(f"export: reloaded with fpa_lightning.export.load_hf and with transformers (FPAForCausalLM): identical "
-          f"logits on {ids.shape[1]} tokens")
-    return out_dir
-
-
-def main(argv: list[str] | None, data_factory: Callable[[str | None, str | None], EvalData]) -> str:
-    """Run one evaluation (or an export); returns the JSON path (the export folder). ``data_factory(--data,
+def main(argv: list[str] | None, data_factory: DataFactory) -> str:
+    """Run one evaluation, or the verb ``export``; returns the JSON path (the export folder). ``data_factory(--data,
     tokenizer)`` builds the task's data. Errors in arguments or checkpoints exit with a message."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["export"]:
+        return export.main(argv[1:], data_factory)
     parser = build_parser()
     args = parser.parse_args(argv)
+    if "help" in args:
+        build_parser([args.task] if args.task else []).print_help()
+        parser.exit()
     check_args(args, parser)
     try:
         device = resolve_device(args.device)
-        if args.export is not None:
-            model = load_decoder(args.ckpt, device, args.impl)
-            return export(model, load_data(args, [model], data_factory), args.out, args.impl, args.overwrite)
         task = TASKS[args.task]
         impl = task.impl or args.impl
         models = [load_decoder(path, device, impl) for path in filter(None, (args.ckpt, args.compare))]
         if task.check is not None:
             task.check(args, models)
-        data = load_data(args, models, data_factory)
+        # a task that trains its own models (probes) reads no text
+        data = (load_data(data_factory, args.data, args.tokenizer, models) if task.needs_checkpoint
+                else data_factory(args.data, None))
     except (CheckpointError, ValueError, RuntimeError) as err:
         parser.error(str(err))
     runtime = Runtime(device, args.precision, args.seed, args.n_boot, args.confidence)
@@ -259,7 +225,7 @@ def main(argv: list[str] | None, data_factory: Callable[[str | None, str | None]
         "settings": settings(args),
         "device": str(device),
         "seconds": round(time.time() - started, 2),
-        "command": " ".join(["eval.py", *(sys.argv[1:] if argv is None else argv)]),
+        "command": " ".join(["eval.py", *argv]),
     }
     step = (models[0].global_step or 0) if models else 0
     try:

@@ -3,7 +3,7 @@
 - Every relative link, and every repository path in a code span, points to an existing file or folder.
 - Every section of docs/probes.md that the code cites by name (the page, a comma, the quoted heading) exists.
 - Every table that docs/probes.md copies from a committed probes.json is what
-  ``fpa_lightning.probes.report.markdown_table`` makes of that JSON today: the main table (GPU and CPU runs), the
+  ``modules.probes.report.markdown_table`` makes of that JSON today: the main table (GPU and CPU runs), the
   unnamed ladder and the learning-rate sweep. Each sits under an HTML comment ``<!-- table: ... -->`` naming its
   source; the main table's last column (our verdict) is free text and only has to be there.
 - The committed docs/probes/*/probes.md are their probes.json rendered by ``markdown_table`` (less the capacity
@@ -19,15 +19,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from fpa_lightning.probes.report import comparison_table, markdown_table
-from fpa_lightning.probes.table import GROUPS
 from fpa_lightning.probes.train import POOL_SEED, TEST_SEED, held_out_set, seeded
+from modules.probes.report import comparison_table, markdown_table
+from modules.probes.table import GROUPS
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DOCS = ROOT / "docs"
 PAGE = DOCS / "probes.md"
 RESULTS = DOCS / "probes"
-REPO_DIRS = ("docs/", "fpa_lightning/", "examples/", "tests/", "benchmarks/")
+REPO_DIRS = ("docs/", "fpa_lightning/", "modules/", "examples/", "tests/", "benchmarks/")
 
 
 def page() -> str:
@@ -92,7 +92,7 @@ def test_every_repository_path_in_a_code_span_exists():
 def test_every_section_the_code_cites_exists():
     headings = [line.lstrip("#").strip() for line in page().splitlines() if line.startswith("#")]
     cited = set()
-    for folder in ("fpa_lightning", "examples", "tests"):
+    for folder in ("fpa_lightning", "modules", "examples", "tests"):
         for file in (ROOT / folder).rglob("*.py"):
             for name in re.findall(r'docs/probes\.md,\s+"([^"]+)"', file.read_text(encoding="utf-8")):
                 cited.add((file.relative_to(ROOT).as_posix(), name))
@@ -247,7 +247,7 @@ def test_the_audit_table_is_the_old_protocols_draws(first, keys):
 
 def table_under_audit() -> list[str]:
     lines = page().splitlines()
-    start = lines.index("<!-- audit: tests/probes/test_probe_docs.py recomputes this table -->")
+    start = lines.index("<!-- audit: tests/modules/probes/test_probe_docs.py recomputes this table -->")
     table = []
     for line in lines[start + 1:]:
         if not line.startswith("|"):

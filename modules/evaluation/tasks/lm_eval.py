@@ -15,7 +15,8 @@ from fpa_lightning.evaluation.checkpoint import LoadedModel
 from fpa_lightning.evaluation.data import EvalData
 from fpa_lightning.evaluation.scoring import Runtime
 from fpa_lightning.evaluation.stats import clopper_pearson, mcnemar_exact
-from fpa_lightning.evaluation.tasks.common import Task, TaskOutput, label
+from modules.evaluation.progress import Progress, Work
+from modules.evaluation.tasks.common import Task, TaskOutput, label
 
 PAPER_TASKS = ["hellaswag", "piqa", "arc_easy", "arc_challenge", "winogrande", "lambada_openai"]
 BINARY_METRICS = ("acc", "acc_norm", "exact_match")  # per-document 0/1 metrics that get exact tests
@@ -56,7 +57,7 @@ def lm_eval_tasks(models: list[LoadedModel], runtime: Runtime, data: EvalData, t
     runs = []
     for i, m in enumerate(models):
         lm = DecoderLM(m.decoder, data.tokenizer, data.bos_id, data.eos_id, runtime, max_length, batch_size,
-                       name="AB"[i])
+                       name="AB"[i], progress=progress_bar)
         try:
             runs.append(lm_eval.simple_evaluate(
                 model=lm, tasks=tasks, num_fewshot=num_fewshot, limit=limit, task_manager=manager,
@@ -66,6 +67,11 @@ def lm_eval_tasks(models: list[LoadedModel], runtime: Runtime, data: EvalData, t
             raise ConnectionError(f"{err}; offline, define a local task (--include-path FOLDER with a YAML over "
                                   "local JSON, docs/evaluation.md)") from err
     return _summarize(models, runtime, runs)
+
+
+def progress_bar(label: str, sizes: list[int], unit: str) -> Progress:
+    """The adapter's progress (``harness.ProgressFactory``): a bar over one batch of requests."""
+    return Progress(label, [Work(0, sizes)], unit=unit)
 
 
 def _task_manager(manager_class, tasks: list[str], include_path: str | None):
@@ -126,4 +132,7 @@ def _table(rows: list[dict]) -> str:
 
 TASK = Task("lm-evaluation-harness tasks (simple_evaluate) with the checkpoint as the model; McNemar with --compare",
             frozenset({"tasks", "include_path", "num_fewshot", "limit", "batch_size", "max_len"}), run,
-            add_arguments=add_arguments)
+            add_arguments=add_arguments, option_help={
+                "batch_size": "lm_eval: requests per forward pass (default 1)",
+                "max_len": "lm_eval: the longest input in tokens; a longer one keeps its last tokens (default: the "
+                           "model's training context)"})

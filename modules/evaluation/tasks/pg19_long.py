@@ -10,13 +10,16 @@ import torch
 from fpa_lightning.analysis.positions import bucket_means
 from fpa_lightning.evaluation.checkpoint import LoadedModel
 from fpa_lightning.evaluation.data import EvalData
-from fpa_lightning.evaluation.progress import Progress, Work, start
 from fpa_lightning.evaluation.scoring import Runtime, check_edges, check_vocab, power_of_two_edges, token_losses
-from fpa_lightning.evaluation.tasks.common import Task, TaskOutput, errorbar, intervals, label
+from modules.evaluation.progress import Progress, Work, start
+from modules.evaluation.tasks.common import Task, TaskOutput, errorbar, intervals, label
+
+
+DEFAULT_MAX_LEN = 16384
 
 
 def run(args: argparse.Namespace, models: list[LoadedModel], runtime: Runtime, data: EvalData) -> TaskOutput:
-    max_len = args.max_len or 16384
+    max_len = args.max_len or DEFAULT_MAX_LEN
     edges = check_edges(args.buckets, max_len) if args.buckets else power_of_two_edges(max_len)
     return pg19_long(models, runtime, data, max_len, edges, args.min_tokens or max_len + 1, args.max_docs)
 
@@ -85,4 +88,6 @@ def _plot_buckets(results: dict, train_len: int) -> plt.Figure:
 
 
 TASK = Task("per-token loss by position bucket on long test books, bootstrap CIs over books",
-            frozenset({"max_len", "buckets", "min_tokens", "max_docs", "data"}), run)
+            frozenset({"max_len", "buckets", "min_tokens", "max_docs", "data"}), run, option_help={
+                "max_len": f"pg19_long: tokens scored per book (default {DEFAULT_MAX_LEN})",
+                "max_docs": "pg19_long: at most this many books (default: every book long enough)"})

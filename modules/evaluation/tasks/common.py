@@ -46,6 +46,9 @@ class Task:
     """The attention implementation the task needs (None: the checkpoint's own, or --impl)."""
     add_arguments: Callable[[argparse._ArgumentGroup], None] | None = None
     """Adds the options only this task reads (each with default None, so that misuse can be detected)."""
+    option_help: dict[str, str] = field(default_factory=dict)
+    """What an option that other tasks read too means for this one (argparse dest -> help text), for ``eval.py --task
+    NAME --help``."""
     needs_checkpoint: bool = True
     """False for a task that trains its own models (probes): then --ckpt and --compare do not apply."""
     resumes: bool = False

@@ -3,9 +3,9 @@
 A task module defines ``TASK`` (a ``Task``: description, the options it reads, its runner) and the function that
 does the work on loaded checkpoints. A new task is a new module plus one line here (docs/evaluation.md).
 """
-from fpa_lightning.evaluation.tasks import (babilong, cache_prune, generate, lm_eval, passkey, pg19_long, probes,
-                                            ruler, test_loss)
-from fpa_lightning.evaluation.tasks.common import Task, TaskOutput
+from modules.evaluation.tasks import (babilong, cache_prune, generate, lm_eval, passkey, pg19_long, probes, ruler,
+                                      test_loss)
+from modules.evaluation.tasks.common import Task, TaskOutput
 
 TASKS: dict[str, Task] = {
     "pg19_long": pg19_long.TASK,

@@ -9,9 +9,9 @@ import torch
 from fpa_lightning.evaluation.checkpoint import LoadedModel
 from fpa_lightning.evaluation.data import EvalData
 from fpa_lightning.evaluation.scoring import Runtime
-from fpa_lightning.evaluation.tasks.common import Task, TaskOutput, label
 from fpa_lightning.generation import cast_weights, continuation_text, generate
 from fpa_lightning.generation.rule import check_rule, threshold_rule
+from modules.evaluation.tasks.common import Task, TaskOutput, label
 
 DEFAULT_NEW_TOKENS = 64
 
@@ -23,8 +23,8 @@ def add_arguments(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--temperature", type=float, help="generate: 0 = greedy (default); > 0 samples (with --seed)")
     group.add_argument("--top-k", type=int, help="generate: sample among the k most likely tokens")
     group.add_argument("--top-p", type=float, help="generate: sample among the smallest set reaching this probability")
-    group.add_argument("--prune-threshold", type=float, help="generate, passkey: evict a cached key once its bias is "
-                       "below this (e.g. -10); passkey then decodes through the pruned cache")
+    group.add_argument("--prune-threshold", type=float, help="generate: evict a cached key once its bias is below "
+                       "this (e.g. -10)")
 
 
 def check(args: argparse.Namespace, models: list[LoadedModel]) -> None:

@@ -1,4 +1,4 @@
-"""--export hf: a transformers folder (safetensors, config.json, the model's source for trust_remote_code, tokenizer,
+"""eval.py export: a transformers folder (safetensors, config.json, the model's source for trust_remote_code, tokenizer,
 model card); reloading gives identical logits; an existing folder is refused without --overwrite, and every file is
 written under a temp name and renamed into place."""
 import json
@@ -21,7 +21,7 @@ FILES = ["README.md", "config.json", "generation_config.json", "model.safetensor
 @pytest.mark.parametrize("backend", ["fpa", "sdpa"])
 def test_export_round_trip_is_exact(tmp_path, ckpts, backend, capsys):
     out = tmp_path / backend
-    assert main(["--export", "hf", "--ckpt", ckpts[backend], "--out", str(out)]) == str(out)
+    assert main(["export", "--ckpt", ckpts[backend], "--out", str(out)]) == str(out)
     names = sorted(os.listdir(out))
     assert [n for n in names if not n.endswith(".py")] == FILES
     assert [n for n in names if n.endswith(".py")] == sorted(remote_code_files())
@@ -46,14 +46,21 @@ def test_export_round_trip_is_exact(tmp_path, ckpts, backend, capsys):
 
 def test_export_keeps_the_trained_implementation_and_rejects_misuse(tmp_path, ckpts, capsys):
     out = tmp_path / "naive"
-    main(["--export", "hf", "--ckpt", ckpts["fox"], "--out", str(out), "--impl", "naive"])
+    main(["export", "--ckpt", ckpts["fox"], "--out", str(out), "--impl", "naive"])
     assert json.loads((out / "config.json").read_text())["attention"]["impl"] == "naive"
     assert load_hf(str(out), impl="chunked").cfg.attention.impl == "chunked"
-    for argv, message in ((["--export", "hf", "--ckpt", ckpts["fox"]], "--out is required"),
-                          (["--task", "passkey", "--export", "hf", "--ckpt", ckpts["fox"]], "one of --task")):
-        with pytest.raises(SystemExit):
+    moved = "eval.py: error: --export is now a verb of its own: python eval.py export --ckpt CKPT --out DIR"
+    for argv, message in ((["export", "--ckpt", ckpts["fox"]], "eval.py export: error: the following arguments are "
+                           "required: --out"),
+                          (["export", "--ckpt", ckpts["fox"], "--out", str(out), "--compare", ckpts["fpa"]],
+                           "eval.py export: error: unrecognized arguments: --compare"),
+                          (["--export", "hf", "--ckpt", ckpts["fox"], "--out", str(out)], moved),
+                          (["--task", "passkey", "--export", "hf", "--ckpt", ckpts["fox"]], moved)):
+        with pytest.raises(SystemExit) as exit_info:
             main(argv)
-        assert message in capsys.readouterr().err
+        assert exit_info.value.code == 2
+        errors = [line for line in capsys.readouterr().err.splitlines() if ": error: " in line]
+        assert len(errors) == 1 and errors[0].startswith(message), argv
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "config.json").write_text('{"model_type": "llama"}')
     with pytest.raises(ValueError, match="not an fpa-lightning export"):
@@ -65,22 +72,22 @@ def test_an_existing_folder_needs_overwrite_and_files_are_renamed_into_place(tmp
     out.mkdir()
     (out / "notes.txt").write_text("mine")
     with pytest.raises(SystemExit) as exit_info:
-        main(["--export", "hf", "--ckpt", ckpts["fpa"], "--out", str(out)])
+        main(["export", "--ckpt", ckpts["fpa"], "--out", str(out)])
     assert exit_info.value.code == 2
     error = capsys.readouterr().err.strip().splitlines()[-1]
-    assert error == f"eval.py: error: {out} already holds files; pass --overwrite to replace them"
+    assert error == f"eval.py export: error: {out} already holds files; pass --overwrite to replace them"
     assert os.listdir(out) == ["notes.txt"]  # nothing written
 
     renames = []
     real_replace = os.replace
     monkeypatch.setattr(os, "replace", lambda src, dst: (renames.append((src, dst)), real_replace(src, dst))[1])
-    main(["--export", "hf", "--ckpt", ckpts["fpa"], "--out", str(out), "--overwrite"])
+    main(["export", "--ckpt", ckpts["fpa"], "--out", str(out), "--overwrite"])
     names = sorted(os.listdir(out))
     assert "notes.txt" in names and not [n for n in names if n.startswith(".tmp")]  # no temp file or folder left
     final = {dst for _, dst in renames if os.path.dirname(dst) == str(out)}
     assert final == {str(out / n) for n in names if n != "notes.txt"}  # every exported file arrived by a rename
     assert all(os.path.dirname(src).startswith(str(out)) for src, _ in renames)  # from inside the same folder
     first = (out / "model.safetensors").read_bytes()
-    main(["--export", "hf", "--ckpt", ckpts["fox"], "--out", str(out), "--overwrite"])
+    main(["export", "--ckpt", ckpts["fox"], "--out", str(out), "--overwrite"])
     assert (out / "model.safetensors").read_bytes() != first  # replaced by the fox model
     assert json.loads((out / "config.json").read_text())["attention"]["backend"] == "fox"

@@ -8,9 +8,9 @@ from fpa_lightning.evaluation.babilong import QA, BabilongBuilder
 from fpa_lightning.evaluation.checkpoint import LoadedModel
 from fpa_lightning.evaluation.data import EvalData
 from fpa_lightning.evaluation.scoring import Runtime
-from fpa_lightning.evaluation.tasks.common import Task, TaskOutput
-from fpa_lightning.evaluation.tasks.ruler import BOOK_DOCUMENTS, DEFAULT_ITEMS, DEFAULT_LENGTHS
-from fpa_lightning.evaluation.tasks.synthetic import run_generated
+from modules.evaluation.tasks.common import Task, TaskOutput
+from modules.evaluation.tasks.ruler import BOOK_DOCUMENTS, DEFAULT_ITEMS, DEFAULT_LENGTHS, option_help
+from modules.evaluation.tasks.synthetic import run_generated
 
 
 def add_arguments(group: argparse._ArgumentGroup) -> None:
@@ -35,4 +35,4 @@ def babilong(models: list[LoadedModel], runtime: Runtime, data: EvalData, patter
 
 TASK = Task("BABILong-style qa1-qa5 fact chains in book text at 4k-16k; string-match score, exact CIs, McNemar "
             "with --compare", frozenset({"lengths", "trials", "max_docs", "data", "qa"}), run,
-            add_arguments=add_arguments)
+            add_arguments=add_arguments, option_help=option_help("babilong"))

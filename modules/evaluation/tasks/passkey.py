@@ -1,32 +1,31 @@
 """passkey: greedy pass-key retrieval per prompt length, exact intervals, McNemar tests with --compare.
 
-Default: the one-pass scorer (teacher forcing, ``evaluation.passkey``). With --prune-threshold (and --window for a
-checkpoint without a bias) the answer is decoded greedily through the KV cache with real eviction
-(``fpa_lightning.generation``), and the mean kept fraction is reported."""
+Default: the one-pass scorer (teacher forcing, ``fpa_lightning.evaluation.passkey``). With --prune-threshold (and
+--window for a checkpoint without a bias) the answer is decoded greedily through the KV cache with real eviction
+(``passkey.decode_trial``), and the mean kept fraction is reported."""
 from __future__ import annotations
 
 import argparse
 
 import matplotlib.pyplot as plt
 import numpy as np
-import torch
 
 from fpa_lightning.evaluation.checkpoint import LoadedModel
 from fpa_lightning.evaluation.data import EvalData
-from fpa_lightning.evaluation.passkey import PasskeyBuilder, PasskeyScore, PasskeyTrial, score_trial
-from fpa_lightning.evaluation.progress import Progress, Work, start
+from fpa_lightning.evaluation.passkey import PasskeyBuilder, PasskeyScore, PasskeyTrial, decode_trial, score_trial
 from fpa_lightning.evaluation.scoring import Runtime, check_vocab
 from fpa_lightning.evaluation.stats import clopper_pearson, mcnemar_exact
-from fpa_lightning.evaluation.tasks.common import Task, TaskOutput, errorbar, label
-from fpa_lightning.generation import DecodeSession
 from fpa_lightning.generation.rule import PruneRule, check_rule, check_threshold
+from modules.evaluation.progress import Progress, Work, start
+from modules.evaluation.tasks.common import Task, TaskOutput, errorbar, label
 
 DEFAULT_LENGTHS = [3072, 4096, 8192, 16384]
+DEFAULT_TRIALS = 100
 
 
 def run(args: argparse.Namespace, models: list[LoadedModel], runtime: Runtime, data: EvalData) -> TaskOutput:
     rules = pruning_rules(models, args.prune_threshold, args.window)
-    return passkey(models, runtime, data, args.lengths or DEFAULT_LENGTHS, args.trials or 100, rules)
+    return passkey(models, runtime, data, args.lengths or DEFAULT_LENGTHS, args.trials or DEFAULT_TRIALS, rules)
 
 
 def check(args: argparse.Namespace, models: list[LoadedModel]) -> None:
@@ -63,29 +62,17 @@ def score_all(model: LoadedModel, trials: list[PasskeyTrial], runtime: Runtime, 
     return scores
 
 
-@torch.no_grad()
 def decode_all(model: LoadedModel, trials: list[PasskeyTrial], runtime: Runtime, rule: PruneRule, bar: Progress,
                index: int) -> list[dict]:
-    """Greedy decoding of each answer through the KV cache under `rule` (keys evicted for good): success and the
-    cache's kept fraction at the end."""
+    """Each answer decoded through the KV cache under `rule` (``decode_trial``): success, and the cache's kept
+    fraction and size at the end."""
     out = []
     for t in trials:
-        session = DecodeSession(model.decoder, rule=rule)
         with runtime.autocast():
-            logits = session.prefill([t.input_ids[: t.prompt_len]], max_new_tokens=t.answer.numel())
-            answer = []
-            for i in range(t.answer.numel()):
-                answer.append(logits.argmax(dim=-1))
-                if i + 1 < t.answer.numel():
-                    logits = session.step(answer[-1])
-        decoded = torch.cat(answer).cpu()
-        out.append({"success": bool(torch.equal(decoded, t.answer)), **_cache_figures(session.stats())})
+            success, stats = decode_trial(model.decoder, t, rule)
+        out.append({"success": success, "kept_fraction": stats["kept_fraction"], "cache_bytes": stats["cache_bytes"]})
         bar.advance(t.length, index)
     return out
-
-
-def _cache_figures(stats: dict) -> dict:
-    return {"kept_fraction": stats["kept_fraction"], "cache_bytes": stats["cache_bytes"]}
 
 
 def passkey(models: list[LoadedModel], runtime: Runtime, data: EvalData, lengths: list[int],
@@ -154,4 +141,10 @@ def _plot_passkey(results: dict) -> plt.Figure:
 
 
 TASK = Task("greedy pass-key retrieval per prompt length, exact binomial CIs, McNemar test with --compare",
-            frozenset({"lengths", "trials", "prune_threshold", "window"}), run, check=check)
+            frozenset({"lengths", "trials", "prune_threshold", "window"}), run, check=check, option_help={
+                "lengths": f"passkey: prompt lengths (default {' '.join(map(str, DEFAULT_LENGTHS))})",
+                "trials": f"passkey: trials per length (default {DEFAULT_TRIALS})",
+                "prune_threshold": "passkey: decode each answer through the KV cache, evicting a cached key once its "
+                                   "bias is below this (e.g. -10)",
+                "window": "passkey: decode through a KV cache that keeps this sliding window: for a checkpoint "
+                          "without a bias, or for every checkpoint without --prune-threshold"})

@@ -17,13 +17,13 @@ import torch
 from fpa_lightning.evaluation.checkpoint import LoadedModel
 from fpa_lightning.evaluation.data import EvalData
 from fpa_lightning.evaluation.scoring import Runtime
-from fpa_lightning.evaluation.tasks.common import Task, TaskOutput
 from fpa_lightning.probes import PROBES
 from fpa_lightning.probes.model import VARIANTS
-from fpa_lightning.probes.report import comparison_table, markdown_table, plot_table
-from fpa_lightning.probes.runner import PARTIAL, comparisons, load_rows, run_rows
-from fpa_lightning.probes.table import GROUPS, select
 from fpa_lightning.probes.train import Budget
+from modules.evaluation.tasks.common import Task, TaskOutput
+from modules.probes.report import comparison_table, markdown_table, plot_table
+from modules.probes.runner import PARTIAL, comparisons, load_rows, run_rows
+from modules.probes.table import GROUPS, select
 
 DEFAULT_SEEDS = 15
 

@@ -144,7 +144,7 @@ def greedy_answer(model, prompt: torch.Tensor, steps: int) -> list[int]:
 def test_passkey_with_compare(tmp_path, ckpts, monkeypatch, tokenizer):
     """Success per trial, rates and McNemar counts against greedy decoding of models built to answer: A copies within
     60 tokens (some keys are deeper), B copies from anywhere (every key)."""
-    from fpa_lightning.evaluation import cli
+    from modules.evaluation import cli
     from fpa_lightning.evaluation.passkey import PasskeyBuilder
 
     windows = {ckpts["fpa"]: 60, ckpts["sdpa"]: 10**6}
@@ -386,13 +386,37 @@ def test_a_parquet_without_the_text_column_is_a_clear_error(tmp_path, ckpts, cap
     assert not (tmp_path / "out").exists()
 
 
-def test_help_lists_the_tasks(capsys):
+def help_of(capsys, argv) -> str:
     with pytest.raises(SystemExit) as exc:
-        main(["--help"])
+        main(argv)
     assert exc.value.code == 0
-    out = capsys.readouterr().out
+    return capsys.readouterr().out
+
+
+def test_help_lists_the_tasks(capsys):
+    out = help_of(capsys, ["--help"])
     assert all(task in out for task in ("pg19_long", "passkey", "test_loss", "cache_prune", "ruler", "babilong",
-                                        "lm_eval", "--export"))
+                                        "lm_eval", "probes", "eval.py export --help"))
+    assert "--ckpt" in out and "--n-boot" in out and "--lengths" not in out  # the options of every task, no other
+
+
+def test_a_tasks_help_shows_its_options_and_no_other_tasks(capsys):
+    from modules.evaluation.cli import TASK_SPECIFIC_OPTIONS, build_parser
+    from modules.evaluation.tasks import TASKS
+
+    for name, task in TASKS.items():
+        out = help_of(capsys, ["--task", name, "--help"])
+        assert f"--task {name}: {task.description}" in out and "--ckpt" in out and "--confidence" in out
+        for option in TASK_SPECIFIC_OPTIONS:
+            flag = f"--{option.replace('_', '-')} "
+            assert (flag in out) == (option in task.options), (name, option)
+        # each option is described as this task reads it, also one that several tasks read (but --data)
+        helps = {a.dest: a.help for a in build_parser([name])._actions if a.dest in TASK_SPECIFIC_OPTIONS}
+        assert all(text.startswith(name) for dest, text in helps.items() if dest != "data"), helps
+    passkey = help_of(capsys, ["--task", "passkey", "--help"])
+    assert "--qa" not in passkey and "--margin" not in passkey and "--max-len" not in passkey
+    assert "passkey: prompt lengths (default 3072 4096 8192 16384)" in " ".join(passkey.split())
+    assert "--qa" in help_of(capsys, ["--help", "--task", "babilong"])  # in any order
 
 
 def test_default_folders_are_unique_per_checkpoint_and_nothing_is_overwritten(tmp_path, ckpts, monkeypatch, capsys):
@@ -427,8 +451,8 @@ def test_default_folders_are_unique_per_checkpoint_and_nothing_is_overwritten(tm
 
 
 def test_write_outputs_refuses_to_replace_and_writes_json_atomically(tmp_path):
-    from fpa_lightning.evaluation.report import write_outputs
-    from fpa_lightning.evaluation.tasks.common import TaskOutput
+    from modules.evaluation.report import write_outputs
+    from modules.evaluation.tasks.common import TaskOutput
 
     out = tmp_path / "out"
     path = write_outputs(str(out), "demo", {"command": "first"}, TaskOutput({"x": 1.0}), None)

@@ -14,13 +14,13 @@ from fpa_lightning.analysis.pruning import pruned_cache, window_for_fraction
 from fpa_lightning.evaluation.checkpoint import LoadedModel
 from fpa_lightning.evaluation.data import EvalData
 from fpa_lightning.evaluation.passkey import PasskeyBuilder
-from fpa_lightning.evaluation.progress import Progress, Work, start
 from fpa_lightning.evaluation.scoring import Runtime, check_vocab, token_losses
 from fpa_lightning.evaluation.stats import clopper_pearson
-from fpa_lightning.evaluation.tasks.common import Task, TaskOutput, errorbar, intervals, label
-from fpa_lightning.evaluation.tasks.passkey import score_all
 from fpa_lightning.generation.rule import PruneRule, check_rule
 from fpa_lightning.generation.session import cached_token_losses
+from modules.evaluation.progress import Progress, Work, start
+from modules.evaluation.tasks.common import Task, TaskOutput, errorbar, intervals, label
+from modules.evaluation.tasks.passkey import DEFAULT_TRIALS, score_all
 
 DEFAULT_LENGTHS = [2048, 8192]
 DEFAULT_THRESHOLDS = [-10.0, -20.0, -5.0, -2.0, -1.0]  # the first one also prunes the pass-key trials
@@ -32,7 +32,7 @@ def run(args: argparse.Namespace, models: list[LoadedModel], runtime: Runtime, d
     passkey_lengths = [8192, 16384] if args.passkey_lengths is None else args.passkey_lengths
     return cache_prune(models, runtime, data, args.lengths or DEFAULT_LENGTHS,
                        args.thresholds or DEFAULT_THRESHOLDS, args.window, passkey_lengths,
-                       args.trials or 100, args.max_docs, real_eviction=bool(args.real_eviction),
+                       args.trials or DEFAULT_TRIALS, args.max_docs, real_eviction=bool(args.real_eviction),
                        block_rows=args.block_rows or DEFAULT_BLOCK_ROWS)
 
 
@@ -220,4 +220,10 @@ def _plot_prune(results: dict) -> plt.Figure:
 
 TASK = Task("loss increase and kept fraction when keys whose bias fell below a threshold are dropped",
             frozenset({"lengths", "trials", "thresholds", "window", "passkey_lengths", "max_docs", "data",
-                       "real_eviction", "block_rows"}), run, check=check, impl="chunked", add_arguments=add_arguments)
+                       "real_eviction", "block_rows"}), run, check=check, impl="chunked", add_arguments=add_arguments,
+            option_help={
+                "lengths": f"cache_prune: evaluation lengths (default {' '.join(map(str, DEFAULT_LENGTHS))})",
+                "trials": f"cache_prune: pass-key trials per length under pruning (default {DEFAULT_TRIALS})",
+                "max_docs": "cache_prune: at most this many documents per length",
+                "window": "cache_prune: sliding window for a checkpoint without a bias (default: matched to the "
+                          "compared model's kept fraction)"})

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from eval import main
-from fpa_lightning.evaluation.progress import CostModel, Progress, Work
+from modules.evaluation.progress import CostModel, Progress, Work
 
 
 def run(tmp_path, name, *argv):

@@ -17,11 +17,11 @@ import numpy as np
 from fpa_lightning.evaluation.answers import (ANSWER_SLACK, PieceEncoder, Prediction, PromptItem, predict,
                                               string_match_all)
 from fpa_lightning.evaluation.checkpoint import LoadedModel
-from fpa_lightning.evaluation.progress import Work, start
 from fpa_lightning.evaluation.scoring import Runtime, check_vocab
 from fpa_lightning.evaluation.stats import clopper_pearson, mcnemar_exact
-from fpa_lightning.evaluation.tasks.common import TaskOutput, intervals, label
 from fpa_lightning.generation import generate
+from modules.evaluation.progress import Work, start
+from modules.evaluation.tasks.common import TaskOutput, intervals, label
 
 SCORING = (f"greedy generation through the KV cache, up to the canonical answer's length + {ANSWER_SLACK} tokens "
            "or EOS; RULER's string match (the fraction of references found, case-insensitive) on that text")

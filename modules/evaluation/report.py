@@ -1,7 +1,6 @@
 """Writing a task's outputs: one JSON result, PNG figures, and optionally TensorBoard scalars and figures."""
 from __future__ import annotations
 
-import json
 import math
 import os
 import platform
@@ -9,8 +8,8 @@ from importlib import metadata
 
 import matplotlib.pyplot as plt
 
-from fpa_lightning.atomic import atomic_open
-from fpa_lightning.evaluation.tasks.common import TaskOutput
+from fpa_lightning.atomic import write_json
+from modules.evaluation.tasks.common import TaskOutput
 
 
 def library_versions() -> dict:
@@ -34,20 +33,13 @@ def json_safe(value):
     return value
 
 
-def write_json_atomic(path: str, record, **dump_kwargs) -> None:
-    """Write ``record`` as JSON to ``path`` atomically (``fpa_lightning.atomic``): a reader, or a crash, sees the old
-    file or the whole new one, never a part."""
-    with atomic_open(path) as f:
-        json.dump(record, f, **dump_kwargs)
-
-
 def write_outputs(out_dir: str, task: str, header: dict, output: TaskOutput, tensorboard: str | None,
                   step: int = 0, overwrite: bool = False) -> str:
     """Save the figures as PNG, then the JSON (header + results + figure file names); returns the JSON path.
 
     Figures are named relative to the JSON's folder, so a result folder stays whole when it is moved or committed.
     Without ``overwrite`` an existing file of the result is never replaced: FileExistsError (before anything is
-    written). The JSON is written atomically (``write_json_atomic``)."""
+    written). The JSON is written atomically (``fpa_lightning.atomic.write_json``)."""
     os.makedirs(out_dir, exist_ok=True)
     figures = {name: f"{name}.png" for name in output.figures}
     path = os.path.join(out_dir, f"{task}.json")
@@ -62,7 +54,7 @@ def write_outputs(out_dir: str, task: str, header: dict, output: TaskOutput, ten
     for fig in output.figures.values():
         plt.close(fig)
     record = {**header, "task": task, "results": output.results, "figures": figures, "versions": library_versions()}
-    write_json_atomic(path, json_safe(record), indent=1, allow_nan=False)
+    write_json(path, json_safe(record), indent=1, allow_nan=False)
     return path
 
 

@@ -10,15 +10,19 @@ import torch
 
 from fpa_lightning.evaluation.checkpoint import LoadedModel
 from fpa_lightning.evaluation.data import EvalData
-from fpa_lightning.evaluation.progress import Progress
 from fpa_lightning.evaluation.scoring import Runtime, check_vocab, token_losses
 from fpa_lightning.evaluation.stats import non_inferiority
-from fpa_lightning.evaluation.tasks.common import Task, TaskOutput, intervals, label
+from modules.evaluation.progress import Progress
+from modules.evaluation.tasks.common import Task, TaskOutput, intervals, label
+
+
+DEFAULT_BATCH_SIZE = 4
 
 
 def run(args: argparse.Namespace, models: list[LoadedModel], runtime: Runtime, data: EvalData) -> TaskOutput:
     seq_len = args.seq_len or models[0].decoder.cfg.max_seq_len
-    return test_loss(models, runtime, data, seq_len, args.batch_size or 4, args.max_docs, args.margin or 0.00995)
+    return test_loss(models, runtime, data, seq_len, args.batch_size or DEFAULT_BATCH_SIZE, args.max_docs,
+                     args.margin or 0.00995)
 
 
 def test_loss(models: list[LoadedModel], runtime: Runtime, data: EvalData, seq_len: int, batch_size: int,
@@ -73,4 +77,6 @@ def _plot_test_loss(results: dict, values: list[np.ndarray]) -> plt.Figure:
 
 
 TASK = Task("mean loss on packed test sequences, bootstrap CI; --compare: paired difference, non-inferiority",
-            frozenset({"seq_len", "batch_size", "margin", "max_docs", "data"}), run)
+            frozenset({"seq_len", "batch_size", "margin", "max_docs", "data"}), run, option_help={
+                "batch_size": f"test_loss: sequences per forward pass (default {DEFAULT_BATCH_SIZE})",
+                "max_docs": "test_loss: at most this many sequences (default: the whole test split)"})

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# GPU check of the fused Selective Attention kernel (issue #25, item 1) in one command, from the repository root:
+#   bash benchmarks/candidates/selective_fused_check.sh [results folder] [shapes]
+#   1. the kernel's GPU tests (tests/ops/test_selective_fused.py -m gpu: bf16 shapes with and without documents,
+#      fp16/fp32, head groups, NaN-poisoned buffers and determinism, the scan prefix), in two processes so that
+#      Triton's compilation overlaps;
+#   2. benchmarks/attention.py: selective (SDPA over the materialised (B, 1, T, T) bias) against selective-fused,
+#      every time also as a ratio to SDPA-flash from the same process;
+#   3. A/B of the kernel's untuned choices, each in its own process (the SEL_* variables are read by
+#      fpa_lightning/ops/selective/fused.py only): the key-major backward on 64-query tiles instead of 32, the
+#      in-tile prefix as a scan instead of a triangular matmul, a 128-row forward tile on 8 warps, and all heads in one
+#      program group or one head per group (the default picks the fewest groups giving 4 programs per SM).
+# Nothing here changes the backend: SelectiveBackend still runs selective_attention_gpu.
+set -uo pipefail
+out=${1:-selective_results}
+shapes=${2:-8x2048,4x4096,2x8192,1x16384}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
+status=0
+limit=${TEST_LIMIT_S:-300}
+timeout "$limit" python3 -m pytest -q -m gpu -p no:cacheprovider tests/ops/test_selective_fused.py -k "bf16_shapes" \
+    > "$out/tests_shapes.log" 2>&1 &
+p1=$!
+timeout "$limit" python3 -m pytest -q -m gpu -p no:cacheprovider tests/ops/test_selective_fused.py -k "not bf16_shapes" \
+    > "$out/tests_rest.log" 2>&1 &
+p2=$!
+wait $p1 || status=1
+wait $p2 || status=1
+tail -n 3 "$out"/tests_*.log
+echo "tests took ${SECONDS} s (status $status)"
+python3 benchmarks/attention.py --shapes "$shapes" --methods selective,selective-fused 2>&1 | tee "$out/timing.log"
+for knobs in "SEL_BWD_BT=64" "SEL_PREFIX=scan" "SEL_FWD_BM=128 SEL_FWD_WARPS=8" "SEL_HEAD_GROUPS=1" \
+             "SEL_HEAD_GROUPS=12"; do
+    echo "== $knobs" | tee -a "$out/ab.log"
+    env $knobs python3 benchmarks/attention.py --shapes "$shapes" --methods selective-fused 2>&1 \
+        | grep -E '^\| [0-9]|FAILED' | tee -a "$out/ab.log"
+done
+exit $status

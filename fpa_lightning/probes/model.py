@@ -30,6 +30,10 @@ class Variant:
     description: str = ""
     no_first_layer_bias: bool = False
     """FPA "without layer-1 bias": layer 0 is plain softmax, the others carry the bias (multi-layer rows only)."""
+    content_retrieval: bool = True
+    """False: "without content retrieval", the paper's third find_name ablation trained as such: every layer's query
+    projection is held at zero through training (``SeedEnsemble.zero_queries``), so q·k = 0 and each head's scores
+    are its bias alone."""
 
     def attention(self, layers: int, dcp_dim: int) -> AttentionConfig:
         """The ``AttentionConfig`` of this variant for a model of `layers` layers. Probes run the naive
@@ -52,6 +56,8 @@ VARIANTS: dict[str, Variant] = {
     "fpa_querylevel": Variant("fpa", {"fpa_level": "query"}, "FPA ablation: the query's level ψ_t instead of ψ_s"),
     "fpa_nobias1": Variant("fpa", {}, "FPA without a bias in layer 1 (softmax there, no positional encoding)",
                            no_first_layer_bias=True),
+    "fpa_noretrieval": Variant("fpa", {}, "FPA ablation: no content retrieval (query projections held at zero: "
+                               "scores are the bias alone)", content_retrieval=False),
     "fox": Variant("fox", {}, "FoX: forgetting attention (token-wise forget gate), no positional encoding"),
     "selective": Variant("selective", {}, "Selective Attention (layer-shared), RoPE"),
     "dcp": Variant("dcp", {}, "Dynamic Context Pruning (layer-shared, interaction width d), RoPE"),
@@ -150,6 +156,11 @@ class ProbeModel(nn.Module):
         return self.readout(self.final_norm(read))
 
 
+def query_projection_rows(model: ProbeModel) -> dict[str, int]:
+    """The name of each layer's q/k/v weight -> how many of its leading rows project queries (H·d)."""
+    return {f"layers.{i}.qkv.weight": layer.n_head * layer.head_dim for i, layer in enumerate(model.layers)}
+
+
 class SeedEnsemble(nn.Module):
     """E independently initialised copies of one model, trained as one: parameters are stacked along a leading
     seed axis and the forward is ``vmap`` over it. Seeds never mix: every op acts per seed, the loss is a sum of
@@ -187,6 +198,13 @@ class SeedEnsemble(nn.Module):
         pairs = list(zip(self.names, self.stacked))
         return [{"params": [p for n, p in pairs if n not in exempt], "weight_decay": weight_decay},
                 {"params": [p for n, p in pairs if n in exempt], "weight_decay": 0.0}]
+
+    @torch.no_grad()
+    def zero_queries(self) -> None:
+        """Every seed's query projections set to zero (a variant without content retrieval: called after the
+        initialisation and after every optimiser step, so every forward sees q = 0)."""
+        for name, rows in query_projection_rows(self.template).items():
+            self.stacked[self.names.index(name)][:, :rows].zero_()
 
     def member(self, i: int) -> nn.Module:
         """Seed i as a standalone model (a copy)."""

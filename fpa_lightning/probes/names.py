@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from fpa_lightning.probes.base import BOS, IGNORE, Probe, ProbeBatch, sample_each
-from fpa_lightning.probes.model import ProbeModel
+from fpa_lightning.probes.model import ProbeModel, query_projection_rows
 
 
 def _scoped_row(probe, rng: random.Random, bind) -> tuple[list[int], list[int]] | None:
@@ -199,12 +199,13 @@ def without_content_retrieval(model: ProbeModel) -> ProbeModel:
     """A copy of a trained `model` whose attention has no content retrieval: every layer's query projection is zero,
     so q·k = 0 and each head's scores are its bias alone (for FPA: uniform attention over the alive keys, weighted
     by how far each dead key is below the field). The paper's find_name ablation "without content retrieval" trains
-    such a model (that needs a probe-model variant, docs/probes.md); this is the same ablation applied after
-    training, which shows whether a trained head finds its name by content."""
+    such a model (the probe backend ``fpa_noretrieval``); this is the same ablation applied after training, which
+    shows whether a trained head finds its name by content."""
     ablated = copy.deepcopy(model)
+    weights = dict(ablated.named_parameters())
     with torch.no_grad():
-        for layer in ablated.layers:
-            layer.qkv.weight[: layer.n_head * layer.head_dim].zero_()
+        for name, rows in query_projection_rows(ablated).items():
+            weights[name][:rows].zero_()
     return ablated
 
 

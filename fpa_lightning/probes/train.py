@@ -193,6 +193,8 @@ def train_row(probe: Probe, variant: Variant, shape: Shape, seeds: list[int], bu
     pool, test = pool.to(device), test.to(device)
     pool_size = pool.tokens.shape[0]
     ensemble = SeedEnsemble(lambda: make_model(probe, variant, shape), seeds).to(device)
+    if not variant.content_retrieval:
+        ensemble.zero_queries()
     optimizer = torch.optim.AdamW(ensemble.decay_groups(budget.weight_decay), lr=budget.lr, betas=(0.9, 0.98))
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, budget.lr_factor)
     # each seed draws its own minibatches, the same whichever seeds run beside it
@@ -205,6 +207,8 @@ def train_row(probe: Probe, variant: Variant, shape: Shape, seeds: list[int], bu
         optimizer.zero_grad(set_to_none=True)
         loss.sum().backward()
         optimizer.step()
+        if not variant.content_retrieval:  # AdamW moved the query rows: back to zero before the next forward
+            ensemble.zero_queries()
         schedule.step()
         if step >= budget.steps - tail:
             recent += loss.detach()

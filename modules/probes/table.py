@@ -226,6 +226,10 @@ GROUPS: list[Group] = [
     Group("find a name among alive keys", FindName(), Shape(heads=1, head_dim=4),
           ("fpa", "fpa_nolevel", "fpa_querylevel", "selective"),
           {"fpa": "15/15", "fpa_nolevel": "fails", "fpa_querylevel": "fails", "selective": "13/15"}),
+    # the paper's third find_name ablation, trained as such (its query projections held at zero); a group of its own
+    # so that the H200 run of the find_name group stays reusable as it is
+    Group("find a name, without content retrieval", FindName(), Shape(heads=1, head_dim=4),
+          ("fpa", "fpa_noretrieval"), {"fpa": "15/15", "fpa_noretrieval": "fails"}),
     Group("flip-flop", FlipFlop(), Shape(heads=1, head_dim=4), ("fpa",), {"fpa": "15/15"}),
     Group("copy", Copy(), Shape(heads=2, head_dim=8), ("fpa", "sdpa"), {"fpa": "15/15"}, steps=1500),
     Group("counting", Counting(), Shape(heads=1, head_dim=4), ("fpa",), {"fpa": "15/15"}),

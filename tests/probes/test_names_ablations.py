@@ -12,7 +12,7 @@ from fpa_lightning.probes.model import Shape, variant
 from fpa_lightning.probes.names import FindName, FindNameByPlace, without_content_retrieval
 from fpa_lightning.probes.recall import held_out_accuracy
 from fpa_lightning.probes.theory import hand_built_walk_head
-from fpa_lightning.probes.train import make_model
+from fpa_lightning.probes.train import Budget, make_model, train_row
 from modules.probes.table import GROUPS
 
 
@@ -148,3 +148,23 @@ def test_without_content_retrieval_the_hand_built_head_fails(probe):
     assert held_out_accuracy(model, probe) == 1.0
     after = held_out_accuracy(without_content_retrieval(model), probe)
     assert after == pytest.approx({"find_name": 993 / 2048, "find_name_by_place": 1057 / 2048}[probe.name])
+
+
+def test_a_variant_without_content_retrieval_trains_with_its_queries_at_zero():
+    """fpa_noretrieval: q = 0 at initialisation and after every step (so every forward has q·k = 0), while the rest of
+    the model trains; the same seed with content retrieval keeps a non-zero q."""
+    probe = FindName()
+    budget = Budget(steps=3, batch=8, pool=64, test=16)
+    kept = train_row(probe, variant("fpa"), Shape(heads=1, head_dim=4), [0], budget, torch.device("cpu")).ensemble
+    run = train_row(probe, variant("fpa_noretrieval"), Shape(heads=1, head_dim=4), [0], budget, torch.device("cpu"))
+    weights = dict(zip(run.ensemble.names, run.ensemble.stacked))["layers.0.qkv.weight"]  # (E, 3·H·d, C)
+    assert bool((weights[:, :4] == 0).all()) and not bool((weights[:, 4:] == 0).all())
+    assert not bool((dict(zip(kept.names, kept.stacked))["layers.0.qkv.weight"][:, :4] == 0).all())
+    before = make_model(probe, variant("fpa_noretrieval"), Shape(heads=1, head_dim=4))
+    assert not torch.equal(run.ensemble.member(0).embed.weight, before.embed.weight)  # the rest trained
+
+
+def test_the_trained_ablation_group():
+    group = next(g for g in GROUPS if g.label == "find a name, without content retrieval")
+    assert group.probe == FindName() and group.backends == ("fpa", "fpa_noretrieval")
+    assert group.paper == {"fpa": "15/15", "fpa_noretrieval": "fails"}

@@ -162,6 +162,18 @@ def test_a_changed_number_fails():
     assert verdict_errors(text.replace(verdict, verdict.replace("| reproduced", "| agrees", 1)))
 
 
+CPU_RUN = "docs/probes/cpu_2026-12-02_noretrieval/probes.json"
+
+
+def test_the_cpu_rows_sentence_is_its_json():
+    c = cells(ROOT / CPU_RUN)
+    group = "find a name, without content retrieval"
+    _, _, _, count, paper, mean, _, p, _ = c[(group, "fpa_noretrieval")]
+    sentence = (f"**{group} · fpa_noretrieval: {count} (paper: {paper}; mean accuracy {mean}), against FPA "
+                f"{c[(group, 'fpa')][3]} in the same group, FPA better with p = {p}: reproduced.**")
+    assert sentence in page()
+
+
 def test_every_committed_row_uses_the_disjoint_protocol():
     for path in sorted(RESULTS.rglob("probes.json")):
         for row in results(path)["rows"]:

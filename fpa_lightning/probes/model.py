@@ -35,9 +35,10 @@ class Variant:
     projection is held at zero through training (``SeedEnsemble.zero_queries``), so q·k = 0 and each head's scores
     are its bias alone."""
 
-    def attention(self, layers: int, dcp_dim: int) -> AttentionConfig:
+    def attention(self, layers: int, dcp_dim: int, impl: str = "naive") -> AttentionConfig:
         """The ``AttentionConfig`` of this variant for a model of `layers` layers. Probes run the naive
-        implementation: sequences are short, and it is the readable definition every fast path is tested against."""
+        implementation by default: sequences are short, and it is the readable definition every fast path is tested
+        against; groups of long sequences name another (``Group.impl``)."""
         options = dict(self.options)
         if self.no_first_layer_bias:
             if layers < 2:
@@ -45,7 +46,7 @@ class Variant:
             options["bias_layers"] = list(range(1, layers))
         if self.backend == "dcp":
             options.setdefault("dcp_dim", dcp_dim)
-        return AttentionConfig(backend=self.backend, impl="naive", **options)
+        return AttentionConfig(backend=self.backend, impl=impl, **options)
 
 
 VARIANTS: dict[str, Variant] = {
@@ -166,8 +167,11 @@ class SeedEnsemble(nn.Module):
     seed axis and the forward is ``vmap`` over it. Seeds never mix: every op acts per seed, the loss is a sum of
     per-seed losses and AdamW is elementwise, so each seed trains exactly as it would alone."""
 
-    def __init__(self, make: Callable[[], nn.Module], seeds: list[int]):
+    def __init__(self, make: Callable[[], nn.Module], seeds: list[int], vmapped: bool = True):
+        """vmapped=False: the forward runs the seeds one after another (the same parameters and the same maths), for
+        attention implementations that cannot run under ``vmap`` (a Triton kernel)."""
         super().__init__()
+        self.vmapped = vmapped
         members = []
         for seed in seeds:
             with torch.random.fork_rng(devices=[]):
@@ -188,6 +192,8 @@ class SeedEnsemble(nn.Module):
         def one(params, x):
             return functional_call(self.template, dict(zip(self.names, params)), (x,))
 
+        if not self.vmapped:
+            return torch.stack([one(tuple(p[i] for p in self.stacked), tokens[i]) for i in range(len(self.seeds))])
         return vmap(one)(tuple(self.stacked), tokens)
 
     def decay_groups(self, weight_decay: float) -> list[dict]:

@@ -155,8 +155,8 @@ def row_data(probe: Probe, budget: Budget, test_probe: Probe | None = None) -> t
     return pool, held_out_set(test_probe or probe, budget.test, budget.holdout)
 
 
-def make_model(probe: Probe, variant: Variant, shape: Shape) -> ProbeModel:
-    attention = variant.attention(shape.layers, dcp_dim=shape.head_dim)
+def make_model(probe: Probe, variant: Variant, shape: Shape, impl: str = "naive") -> ProbeModel:
+    attention = variant.attention(shape.layers, dcp_dim=shape.head_dim, impl=impl)
     return ProbeModel(probe.vocab_size, probe.n_classes, shape, attention, probe.reads_token)
 
 
@@ -185,14 +185,16 @@ def accuracy(ensemble: SeedEnsemble, data: ProbeBatch, chunk: int = 512) -> list
 
 def train_row(probe: Probe, variant: Variant, shape: Shape, seeds: list[int], budget: Budget,
               device: torch.device, progress: Callable[[int, float], None] | None = None,
-              test_probe: Probe | None = None) -> RowRun:
+              test_probe: Probe | None = None, impl: str = "naive") -> RowRun:
     """Train every seed of one row together on `probe` and score it on held-out sequences of `test_probe` (default:
-    `probe`); `progress(step, mean loss)` is called every few steps."""
+    `probe`); `progress(step, mean loss)` is called every few steps. impl: the attention implementation; "naive"
+    trains the seeds as one vmapped model, any other (for long sequences: "auto" takes the backend's fused kernel on
+    a GPU) runs them one after another within each step, since a Triton kernel cannot run under vmap."""
     started = time.time()
     pool, test = row_data(probe, budget, test_probe)
     pool, test = pool.to(device), test.to(device)
     pool_size = pool.tokens.shape[0]
-    ensemble = SeedEnsemble(lambda: make_model(probe, variant, shape), seeds).to(device)
+    ensemble = SeedEnsemble(lambda: make_model(probe, variant, shape, impl), seeds, vmapped=impl == "naive").to(device)
     if not variant.content_retrieval:
         ensemble.zero_queries()
     optimizer = torch.optim.AdamW(ensemble.decay_groups(budget.weight_decay), lr=budget.lr, betas=(0.9, 0.98))

@@ -25,16 +25,19 @@ from modules.probes.table import REFERENCE, Group
 
 def row_identity(group: Group, backend: str, seeds: list[int], budget: Budget) -> dict:
     """What makes two rows the same experiment. ``test_probe``: the probe of the held-out set where the group tests
-    at another setting than it trains (None: the training probe)."""
+    at another setting than it trains (None: the training probe). ``impl`` only where the group leaves the naive
+    implementation (``Group.impl``), so rows recorded before that option existed stay reusable."""
     test_probe = group.test_probe.key if group.test_probe is not None else None
-    return {"group": group.label, "probe": group.probe.key, "test_probe": test_probe, "backend": backend,
-            "seeds": list(seeds), "shape": asdict(group.shape), "budget": asdict(budget), "criterion": group.criterion}
+    identity = {"group": group.label, "probe": group.probe.key, "test_probe": test_probe, "backend": backend,
+                "seeds": list(seeds), "shape": asdict(group.shape), "budget": asdict(budget),
+                "criterion": group.criterion}
+    return identity if group.impl == "naive" else {**identity, "impl": group.impl}
 
 
 def row_record(group: Group, backend: str, seeds: list[int], budget: Budget, device: str, progress=None) -> dict:
     """Train one row and return its record."""
     run = train_row(group.probe, variant(backend), group.shape, seeds, budget, torch.device(device), progress,
-                    test_probe=group.test_probe)
+                    test_probe=group.test_probe, impl=group.impl)
     success = successes(run.accuracies, group.criterion)
     return {**row_identity(group, backend, seeds, budget), "probe_name": group.probe.name,
             "params": group.probe.params, "variant": variant(backend).description,

@@ -36,6 +36,10 @@ class Group:
     test_probe: Probe | None = None
     """Where set, the held-out set is drawn from this probe instead of `probe` (same vocabulary and classes): the
     group trains at one setting and tests at another, e.g. longer dips (``train.row_data``). None: `probe`."""
+    impl: str = "naive"
+    """The attention implementation of the group's models: "naive" (every seed in one vmapped model, the default),
+    or "auto" for long sequences (the backend's fast path, seeds one after another; ``train.train_row``): the
+    naive (T, T) biases of 15 seeds × 128 sequences of 256–512 tokens do not train in a lease's time."""
 
     def __post_init__(self):
         unknown = [b for b in self.backends if b not in VARIANTS]
@@ -142,7 +146,7 @@ def _mqar_regime_and_find_name_groups() -> list[Group]:
         groups.append(Group(f"mqar, paper regime, {layers} layers, {pairs} pairs, T={length}",
                             Mqar(pairs=pairs, keys=256, values=256, length=length),
                             Shape(heads=2, head_dim=32, layers=layers, width=64, mlp=256, norm=True), backends, paper,
-                            steps=3000))
+                            steps=3000, impl="auto"))
     groups.append(Group("find a name, globals by place only", FindNameByPlace(), Shape(heads=1, head_dim=4),
                         ("fpa", "fpa_stack", "fpa_nolevel", "fpa_querylevel", "selective")))
     return groups

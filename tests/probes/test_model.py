@@ -93,3 +93,33 @@ def test_optional_positions_mlp_and_norm():
         model(torch.randint(0, PROBE.vocab_size, (1, 13)))
     with pytest.raises(ValueError, match="mlp must be >= 0"):
         Shape(mlp=-1)
+
+
+@pytest.mark.parametrize("backend", ["fpa", "sdpa", "fpa_nobias1"])
+def test_seeds_one_after_another_compute_what_the_vmapped_ensemble_computes(backend):
+    """SeedEnsemble(vmapped=False), the path of the groups with a fast implementation: the same outputs and the same
+    gradients as the vmapped ensemble on the same parameters."""
+    shape = Shape(heads=2, head_dim=4, layers=2, width=16)
+    make = lambda: make_model(PROBE, variant(backend), shape)  # noqa: E731
+    vmapped, looped = SeedEnsemble(make, seeds=[0, 1, 2]), SeedEnsemble(make, seeds=[0, 1, 2], vmapped=False)
+    batch = PROBE.sample(5, torch.Generator().manual_seed(0))
+    tokens, labels = batch.tokens.expand(3, -1, -1), batch.labels.expand(3, -1, -1)
+    out_v, out_l = vmapped(tokens), looped(tokens)
+    torch.testing.assert_close(out_l, out_v, atol=1e-5, rtol=1e-5)
+    per_seed_loss(out_v, labels).sum().backward()
+    per_seed_loss(out_l, labels).sum().backward()
+    for a, b in zip(vmapped.stacked, looped.stacked):
+        torch.testing.assert_close(b.grad, a.grad, atol=1e-5, rtol=1e-5)
+
+
+def test_a_group_with_a_fast_implementation_trains_through_it():
+    """Group.impl = "auto" (the MQAR paper regime): the models run the backend's fast path (on a CPU the chunked
+    one), the seeds one after another, and the row trains."""
+    from modules.probes.table import GROUPS
+    group = next(g for g in GROUPS if g.label.startswith("mqar, paper regime, 2 layers, 32 pairs"))
+    assert group.impl == "auto"
+    run = train_row(PROBE, variant("fpa"), Shape(heads=2, head_dim=16, layers=2, width=32, mlp=32, norm=True), [0, 1],
+                    Budget(steps=3, batch=4, pool=32, test=16), torch.device("cpu"), impl=group.impl)
+    assert not run.ensemble.vmapped and len(run.accuracies) == 2
+    layer = run.ensemble.template.layers[0]
+    assert layer.backend.cfg.impl == "auto" and layer.backend.resolve_impl(torch.device("cpu")) != "naive"

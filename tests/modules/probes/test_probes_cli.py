@@ -18,8 +18,8 @@ def test_a_tiny_table_trains_writes_json_and_resumes(tmp_path, capsys, monkeypat
     trained = {}  # (probe key, variant description) -> (probe, the trained seeds, held-out size)
     real_train_row = runner.train_row
 
-    def keep_models(probe, variant, shape, seeds, budget, device, progress=None, test_probe=None):
-        run = real_train_row(probe, variant, shape, seeds, budget, device, progress, test_probe=test_probe)
+    def keep_models(probe, variant, shape, seeds, budget, device, progress=None, test_probe=None, impl="naive"):
+        run = real_train_row(probe, variant, shape, seeds, budget, device, progress, test_probe=test_probe, impl=impl)
         trained[(probe.key, variant.description)] = (probe, run.ensemble, budget.test)
         return run
 
@@ -101,3 +101,20 @@ def test_the_partial_file_is_replaced_whole(tmp_path, monkeypatch):
     assert calls == [1, 2, 3]
     assert len(runner.load_rows([str(tmp_path)])) == 2  # the rows saved before the failed write, readable
     assert os.listdir(tmp_path) == [runner.PARTIAL]  # no temporary file left behind
+
+
+def test_a_rows_identity_names_its_implementation_only_off_the_naive_path():
+    """Rows of the committed runs (naive groups, recorded before Group.impl existed) stay reusable; a group on the fast
+    path is a different experiment from the same group on the naive one."""
+    from dataclasses import replace
+
+    from fpa_lightning.probes.train import Budget
+    from modules.probes.runner import _find, row_identity
+    from modules.probes.table import GROUPS
+    naive = next(g for g in GROUPS if g.label == "flip-flop")
+    fast = next(g for g in GROUPS if g.impl == "auto")
+    assert "impl" not in row_identity(naive, "fpa", [0], Budget())
+    assert row_identity(fast, "fpa", [0], Budget())["impl"] == "auto"
+    recorded = row_identity(replace(fast, impl="naive"), "fpa", [0], Budget())  # the same group, run naive
+    assert _find([recorded], row_identity(fast, "fpa", [0], Budget())) is None
+    assert _find([recorded], recorded) is recorded

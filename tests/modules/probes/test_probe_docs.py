@@ -174,8 +174,16 @@ def test_the_cpu_rows_sentence_is_its_json():
     assert sentence in page()
 
 
+def test_the_longer_budget_sentence_is_its_json():
+    c = cells(ROOT / "docs/probes/cpu_2026-12-02_unnamed_ladder_4500/rows.json")
+    parts = [f"{c[(f'unnamed ladder, d=4, r={r}', 'fpa')][3]} (mean {c[(f'unnamed ladder, d=4, r={r}', 'fpa')][5]}) "
+             f"at r = {r}" for r in (10, 14, 18)]
+    assert "4500 steps" in c[("unnamed ladder, d=4, r=10", "fpa")][2]
+    assert "FPA at 4500 steps: " + ", ".join(parts) + " (the same seeds" in flat(page())
+
+
 def test_every_committed_row_uses_the_disjoint_protocol():
-    for path in sorted(RESULTS.rglob("probes.json")):
+    for path in sorted(RESULTS.rglob("probes.json")) + sorted(RESULTS.rglob("rows.json")):
         for row in results(path)["rows"]:
             assert row["budget"].get("holdout") == 4, f"{path}: {row['group']} · {row['backend']}: old protocol"
             assert row["held_out_distinct"] > 0

@@ -51,18 +51,24 @@ def cells(path: Path) -> dict[tuple[str, str], list[str]]:
     return {tuple(c[:2]): c for c in map(split, markdown_table(r["rows"], r["comparisons"]).splitlines()[2:])}
 
 
-def table_under(marker: str, text: str | None = None) -> list[str]:
-    """The lines of the Markdown table that follows the line `<!-- table: {marker} -->` (header included)."""
+def table_after(marker: str, text: str | None = None) -> list[str]:
+    """The lines of the Markdown table (header included) that follows the line `marker`, an HTML comment that
+    docs/probes.md holds exactly once."""
     lines = (text if text is not None else page()).splitlines()
-    starts = [i for i, line in enumerate(lines) if line.strip() == f"<!-- table: {marker} -->"]
-    assert len(starts) == 1, f"docs/probes.md must hold the marker <!-- table: {marker} --> exactly once"
+    starts = [i for i, line in enumerate(lines) if line.strip() == marker]
+    assert len(starts) == 1, f"docs/probes.md must hold the marker {marker} exactly once"
     table = []
     for line in lines[starts[0] + 1:]:
         if not line.startswith("|"):
             break
         table.append(line)
-    assert len(table) > 2, f"no table under <!-- table: {marker} -->"
+    assert len(table) > 2, f"no table under {marker}"
     return table
+
+
+def table_under(marker: str, text: str | None = None) -> list[str]:
+    """The table under `<!-- table: {marker} -->`."""
+    return table_after(f"<!-- table: {marker} -->", text)
 
 
 # --- links, paths and cited sections ---------------------------------------------------------------------------------
@@ -109,14 +115,7 @@ def test_the_main_table_is_the_committed_json():
 
 
 def verdict_lines(text: str | None = None) -> list[str]:
-    lines = (text if text is not None else page()).splitlines()
-    start = lines.index(f"<!-- verdicts: {RUN} -->")
-    table = []
-    for line in lines[start + 1:]:
-        if not line.startswith("|"):
-            break
-        table.append(line)
-    return table
+    return table_after(f"<!-- verdicts: {RUN} -->", text)
 
 
 def verdict_errors(text: str) -> list[str]:
@@ -230,14 +229,7 @@ def test_the_audit_table_is_the_old_protocols_draws(first, keys):
 
 
 def table_under_audit() -> list[str]:
-    lines = page().splitlines()
-    start = lines.index("<!-- audit: tests/modules/probes/test_probe_docs.py recomputes this table -->")
-    table = []
-    for line in lines[start + 1:]:
-        if not line.startswith("|"):
-            break
-        table.append(line)
-    return table[2:]
+    return table_after("<!-- audit: tests/modules/probes/test_probe_docs.py recomputes this table -->")[2:]
 
 
 def test_the_new_held_out_sets_of_small_spaces():

@@ -36,15 +36,44 @@ def row_identity(group: Group, backend: str, seeds: list[int], budget: Budget) -
 
 def row_record(group: Group, backend: str, seeds: list[int], budget: Budget, device: str, progress=None) -> dict:
     """Train one row and return its record."""
+    return merge_chunks(group, backend, seeds, budget, device, [train_chunk(group, backend, seeds, budget, device,
+                                                                            progress)])
+
+
+def train_chunk(group: Group, backend: str, seeds: list[int], budget: Budget, device: str, progress=None) -> dict:
+    """Train some seeds of one row: what their part of the record needs, as plain (picklable) values."""
     run = train_row(group.probe, variant(backend), group.shape, seeds, budget, torch.device(device), progress,
                     test_probe=group.test_probe, impl=group.impl)
-    success = successes(run.accuracies, group.criterion)
+    return {"seeds": list(seeds), "accuracies": run.accuracies, "final_loss": run.final_loss,
+            "held_out_distinct": run.held_out_distinct, "seconds": run.seconds}
+
+
+def merge_chunks(group: Group, backend: str, seeds: list[int], budget: Budget, device: str, chunks: list[dict]) -> dict:
+    """One row's record from the chunks its seeds were trained in (any order). ``seconds`` is their training time
+    summed, so it means the same whether a row ran whole or split."""
+    by_seed = {seed: (acc, loss) for c in chunks for seed, acc, loss in zip(c["seeds"], c["accuracies"],
+                                                                           c["final_loss"])}
+    if sorted(by_seed) != sorted(seeds):
+        raise ValueError(f"{group.label} · {backend}: the chunks trained seeds {sorted(by_seed)}, not {sorted(seeds)}")
+    accuracies = [by_seed[s][0] for s in seeds]
+    success = successes(accuracies, group.criterion)
     return {**row_identity(group, backend, seeds, budget), "probe_name": group.probe.name,
             "params": group.probe.params, "variant": variant(backend).description,
-            "accuracies": run.accuracies, "success": success, "successes": sum(success),
-            "final_loss": run.final_loss, "held_out_distinct": run.held_out_distinct,
-            "seconds": round(run.seconds, 1), "device": device,
+            "accuracies": accuracies, "success": success, "successes": sum(success),
+            "final_loss": [by_seed[s][1] for s in seeds], "held_out_distinct": chunks[0]["held_out_distinct"],
+            "seconds": round(sum(c["seconds"] for c in chunks), 1), "device": device,
             "paper": group.paper.get(backend)}
+
+
+def seed_chunks(group: Group, seeds: list[int], chunks_per_row: int) -> list[list[int]]:
+    """The seeds of one row split for the worker pool. A naive row trains its seeds as one vmapped model, so it stays
+    one job; a fast-path row (``Group.impl``) runs its seeds one after another (``train_row``) and each seed trains
+    exactly as it would alone (``SeedEnsemble``), so it splits into `chunks_per_row` contiguous chunks."""
+    if group.impl == "naive" or chunks_per_row <= 1:
+        return [list(seeds)]
+    n = min(chunks_per_row, len(seeds))
+    bounds = [round(i * len(seeds) / n) for i in range(n + 1)]
+    return [list(seeds[a:b]) for a, b in zip(bounds, bounds[1:])]
 
 
 PARTIAL = "probes.partial.json"
@@ -99,11 +128,7 @@ def run_rows(plan: list[tuple[Group, str]], seeds: list[int], budget: Budget, st
 
     jobs = [(plan[i][0], plan[i][1], seeds, budget_for(plan[i][0], budget, steps), device) for i in todo]
     if workers > 1:
-        with ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_worker_init,
-                                 initargs=(workers,)) as pool:
-            futures = {pool.submit(_train_job, *job): i for i, job in zip(todo, jobs)}
-            for n, future in enumerate(as_completed(futures), start=1):
-                finished(n, futures[future], future.result())
+        _run_in_pool(todo, jobs, workers, finished, log)
     else:
         for n, (i, job) in enumerate(zip(todo, jobs), start=1):
             group, backend, _, row_budget, _ = job
@@ -114,12 +139,42 @@ def run_rows(plan: list[tuple[Group, str]], seeds: list[int], budget: Budget, st
     return [done[i] for i in range(len(plan))]
 
 
+def _run_in_pool(todo: list[int], jobs: list[tuple], workers: int, finished, log) -> None:
+    """Every job's row in a pool of worker processes; a fast-path row splits into seed chunks so that the pool has
+    about two jobs per worker (``seed_chunks``), and a row is finished when its last chunk is."""
+    split = sum(job[0].impl != "naive" for job in jobs)
+    per_row = -(-2 * workers // split) if split else 1
+    with ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_worker_init,
+                             initargs=(workers,)) as pool:
+        futures, waiting, parts = {}, {}, {}
+        for i, job in zip(todo, jobs):
+            group, backend, seeds, row_budget, device = job
+            chunks = seed_chunks(group, seeds, per_row)
+            waiting[i], parts[i] = len(chunks), []
+            for chunk in chunks:
+                label = f"{group.label} · {backend}" + (f", seeds {chunk[0]}–{chunk[-1]}" if len(chunks) > 1 else "")
+                futures[pool.submit(_pool_job, group, backend, chunk, row_budget, device, label)] = (i, job)
+        n = 0
+        for k, future in enumerate(as_completed(futures), start=1):
+            i, (group, backend, seeds, row_budget, device) = futures[future]
+            parts[i].append(future.result())
+            waiting[i] -= 1
+            if len(futures) > len(jobs):  # rows were split: say how far the chunks are
+                log(f"    chunk {k}/{len(futures)}: {group.label} · {backend}, seeds {parts[i][-1]['seeds']} "
+                    f"({parts[i][-1]['seconds']:.0f} s)")
+            if waiting[i] == 0:
+                n += 1
+                finished(n, i, merge_chunks(group, backend, seeds, row_budget, device, parts.pop(i)))
+
+
+def _pool_job(group: Group, backend: str, seeds: list[int], budget: Budget, device: str, label: str) -> dict:
+    """train_chunk in a worker process, its progress printed from there (a closure cannot cross to the pool)."""
+    return train_chunk(group, backend, seeds, budget, device,
+                       _progress_printer(budget.steps, lambda line: print(f"  {label}:{line[3:]}", flush=True)))
+
+
 def _worker_init(workers: int) -> None:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
-
-
-def _train_job(group, backend, seeds, budget, device) -> dict:
-    return row_record(group, backend, seeds, budget, device)
 
 
 def _progress_printer(steps: int, log):

@@ -118,3 +118,50 @@ def test_a_rows_identity_names_its_implementation_only_off_the_naive_path():
     recorded = row_identity(replace(fast, impl="naive"), "fpa", [0], Budget())  # the same group, run naive
     assert _find([recorded], row_identity(fast, "fpa", [0], Budget())) is None
     assert _find([recorded], recorded) is recorded
+
+
+def test_a_fast_path_row_split_into_seed_chunks_is_the_row_trained_whole(monkeypatch):
+    """A fast-path row (Group.impl) runs its seeds one after another and each seed trains as it would alone, so the
+    worker pool splits it into seed chunks: the merged record must equal the row trained in one piece, seed for seed,
+    in the row's seed order whatever order the chunks finish in."""
+    from concurrent.futures import Future
+    from dataclasses import replace
+
+    from fpa_lightning.probes.train import Budget
+    from modules.probes import runner
+    from modules.probes.table import GROUPS
+
+    group = replace(next(g for g in GROUPS if g.label == "flip-flop"), impl="auto")
+    seeds, budget = [0, 1, 2], Budget(steps=4, batch=4)
+    assert runner.seed_chunks(group, seeds, 2) == [[0, 1], [2]]
+    assert runner.seed_chunks(group, seeds, 9) == [[0], [1], [2]]
+    assert runner.seed_chunks(replace(group, impl="naive"), seeds, 9) == [seeds]  # one vmapped model: not split
+    whole = runner.row_record(group, "fpa", seeds, budget, "cpu")
+
+    class InProcess:  # the pool's logic without spawning processes (threads would share torch's global seed)
+        def __init__(self, workers, mp_context=None, initializer=None, initargs=()):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def submit(self, fn, *args):
+            future = Future()
+            future.set_result(fn(*args))
+            return future
+
+    monkeypatch.setattr(runner, "ProcessPoolExecutor", InProcess)
+    monkeypatch.setattr(runner, "as_completed", lambda futures: reversed(list(futures)))  # the last chunk first
+    rows, lines = [], []
+    runner._run_in_pool([0], [(group, "fpa", seeds, budget, "cpu")], 2, lambda n, i, r: rows.append(r), lines.append)
+    assert len(rows) == 1 and sum("chunk" in line for line in lines) == 3  # 2·workers / 1 row = 4 ≥ 3 seeds
+    split = rows[0]
+    for key in ("seeds", "accuracies", "success", "successes", "final_loss", "held_out_distinct", "impl"):
+        assert split[key] == whole[key], key
+    with pytest.raises(ValueError, match="not \\[0, 1, 2\\]"):
+        runner.merge_chunks(group, "fpa", seeds, budget, "cpu", [{"seeds": [0, 2], "accuracies": [1.0, 1.0],
+                                                                   "final_loss": [0.0, 0.0], "held_out_distinct": 1,
+                                                                   "seconds": 0.0}])

@@ -66,6 +66,41 @@ def _recip(x, FAST: tl.constexpr):
         return 1.0 / x
 
 
+@triton.jit
+def _program(H, LONG_FIRST: tl.constexpr):
+    # grid (blocks, B*H): the program's block and its row bh = b*H + h. LONG_FIRST takes the blocks last first:
+    # a query block's walk grows with its index, so the longest walks start first (a shorter tail)
+    if LONG_FIRST:
+        blk = tl.num_programs(0) - 1 - tl.program_id(0)
+    else:
+        blk = tl.program_id(0)
+    bh = tl.program_id(1)
+    return blk, bh, bh // H, bh % H
+
+
+@triton.jit
+def _documents(SEGP, WALK, b, Tp, nB, blk, offs, bound, SEG: tl.constexpr):
+    # the document ids of the positions offs (the positions themselves without documents: every pair shares one)
+    # and the bound of block blk's walk: bound without documents, else the walk table's entry (docs/kernel.md §3)
+    ids = offs
+    if SEG:
+        ids = tl.load(SEGP + b * Tp + offs)
+        bound = tl.load(WALK + b * nB + blk)
+    return ids, bound
+
+
+@triton.jit
+def _rows(P, b, h, s_b, s_t, s_h, offs, offs_d):
+    # pointers to the (positions offs, features offs_d) tile of head h of sequence b in a (B, T, H, D) tensor
+    return P + b * s_b + h * s_h + offs[:, None] * s_t + offs_d[None, :]
+
+
+@triton.jit
+def _load_rows(P, b, h, s_b, s_t, s_h, offs, offs_d, ok):
+    # the tile of _rows, 0 on the rows that are not ok (past T)
+    return tl.load(_rows(P, b, h, s_b, s_t, s_h, offs, offs_d), mask=ok[:, None], other=0.0)
+
+
 # ---------------------------------------------------------------------------------------------
 # prep: per-block prefix/suffix minima and their normalisers
 # ---------------------------------------------------------------------------------------------
@@ -77,10 +112,7 @@ def _fpa_prep_kernel(
     BS: tl.constexpr,
 ):
     # One block per program, all by scans over BS positions: (min, soft sum) pairs combine stably.
-    blk = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
+    blk, bh, b, h = _program(H, False)
     base_in = PHI + b * s_pb + h * s_ph
     offs = blk * BS + tl.arange(0, BS)
     valid = offs < T
@@ -159,23 +191,37 @@ def _diag_depth(phi, psi, after, QLEVEL: tl.constexpr, DIPSUM: tl.constexpr):
 
 
 @triton.jit
-def _fwd_tile(q, K, V, SEGP, b, h, Tp, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d,
-              kvec, psi, mid, pre_i, psi_i, phi_i, seg_i, sl2, bl2, m_i, l_i, acc,
-              PREC: tl.constexpr, QLEVEL: tl.constexpr, DIPSUM: tl.constexpr, SEG: tl.constexpr):
-    k = tl.load(K + b * s_kb + h * s_kh + offs_n[:, None] * s_kt + offs_d[None, :])
-    v = tl.load(V + b * s_vb + h * s_vh + offs_n[:, None] * s_vt + offs_d[None, :])
-    depth = _offdiag_depth(kvec, psi, mid, pre_i, psi_i, phi_i, QLEVEL, DIPSUM)
-    if not DIPSUM:
-        depth = tl.minimum(depth, 0.0)
-    s = tl.dot(q, tl.trans(k), input_precision=PREC) * sl2 + depth * bl2
-    if SEG:
-        s = tl.where(seg_i[:, None] == tl.load(SEGP + b * Tp + offs_n)[None, :], s, -float("inf"))
+def _softmax_step(s, v, m_i, l_i, acc, PREC: tl.constexpr):
+    # one online-softmax step over a tile's scores s (log2 units) and values v: row maxima, sums, accumulator
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     p = tl.exp2(s - m_new[:, None])
     alpha = tl.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, axis=1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
     return m_new, l_i, acc
+
+
+@triton.jit
+def _level_sums(g, gd, beta, dpsi, dbeta):
+    # the row sums of a tile's level and beta gradients: dpsi -= beta * sum G/beta (g: dS on the dead pairs, else
+    # 0), dbeta += sum dS * depth (gd)
+    s_g, s_b = tl.reduce((g, gd), 1, _add2)
+    return dpsi - beta * s_g, dbeta + s_b
+
+
+@triton.jit
+def _fwd_tile(q, K, V, SEGP, b, h, Tp, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d,
+              kvec, psi, mid, pre_i, psi_i, phi_i, seg_i, sl2, bl2, m_i, l_i, acc,
+              PREC: tl.constexpr, QLEVEL: tl.constexpr, DIPSUM: tl.constexpr, SEG: tl.constexpr):
+    k = tl.load(_rows(K, b, h, s_kb, s_kt, s_kh, offs_n, offs_d))
+    v = tl.load(_rows(V, b, h, s_vb, s_vt, s_vh, offs_n, offs_d))
+    depth = _offdiag_depth(kvec, psi, mid, pre_i, psi_i, phi_i, QLEVEL, DIPSUM)
+    if not DIPSUM:
+        depth = tl.minimum(depth, 0.0)
+    s = tl.dot(q, tl.trans(k), input_precision=PREC) * sl2 + depth * bl2
+    if SEG:
+        s = tl.where(seg_i[:, None] == tl.load(SEGP + b * Tp + offs_n)[None, :], s, -float("inf"))
+    return _softmax_step(s, v, m_i, l_i, acc, PREC)
 
 
 @triton.jit
@@ -188,8 +234,8 @@ def _dq_tile(q, do, K, V, SEGP, A_PARTIAL, b, h, bh, I, nB, Tp,
     # One off-diagonal tile [t (queries of I), s (keys of J)], J < I: dq and, for the min reduction, the field
     # sums of docs/kernel.md, step 2 (c_t and kappa[J, I] accumulated here, a_s stored); with a query level also
     # the row sums of dpsi_t and dbeta_t. Padded query rows have lse = +inf, so p = ds = r = 0 there.
-    k = tl.load(K + b * s_kb + h * s_kh + offs_n[:, None] * s_kt + offs_d[None, :])
-    v = tl.load(V + b * s_vb + h * s_vh + offs_n[:, None] * s_vt + offs_d[None, :])
+    k = tl.load(_rows(K, b, h, s_kb, s_kt, s_kh, offs_n, offs_d))
+    v = tl.load(_rows(V, b, h, s_vb, s_vt, s_vh, offs_n, offs_d))
     if DIPSUM:
         dlt = _offdiag_depth(kvec, psi, mid, pre_i, psi_i, phi_i, QLEVEL, DIPSUM)  # already <= 0
     elif GENERAL:
@@ -219,9 +265,7 @@ def _dq_tile(q, do, K, V, SEGP, A_PARTIAL, b, h, bh, I, nB, Tp,
     if not DIPSUM:
         gm = tl.where(dlt < 0.0, ds, 0.0)  # G / beta: the field gradient lives on dead pairs only
         if QLEVEL:
-            g_row, b_row = tl.reduce((gm, ds * tl.minimum(dlt, 0.0)), 1, _add2)
-            qpsi -= beta * g_row
-            qbeta += b_row
+            qpsi, qbeta = _level_sums(gm, ds * tl.minimum(dlt, 0.0), beta, qpsi, qbeta)
         if GENERAL:
             # one exp per pair: d = pre_t - m2_s, E = e^{-|d|}; f = e^{M - m2}, e3 = e^{M - pre}
             d = pre_i[:, None] - m2[None, :]
@@ -253,9 +297,35 @@ def _dq_tile(q, do, K, V, SEGP, A_PARTIAL, b, h, bh, I, nB, Tp,
 def _query_rows(Q, DO, LSE, DELTA, b, h, fbase, offs_m, T, s_qb, s_qt, s_qh, s_ob, s_ot, s_oh, offs_d):
     # q and dO of the query rows offs_m (0 past T), with their lse and Delta: what a key-major tile reads
     row_ok = offs_m < T
-    q = tl.load(Q + b * s_qb + h * s_qh + offs_m[:, None] * s_qt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-    do = tl.load(DO + b * s_ob + h * s_oh + offs_m[:, None] * s_ot + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    q = _load_rows(Q, b, h, s_qb, s_qt, s_qh, offs_m, offs_d, row_ok)
+    do = _load_rows(DO, b, h, s_ob, s_ot, s_oh, offs_m, offs_d, row_ok)
     return q, do, tl.load(LSE + fbase + offs_m), tl.load(DELTA + fbase + offs_m)
+
+
+@triton.jit
+def _query_block(Q, BETA, s_qb, s_qt, s_qh, T, H, qk_scale, BS: tl.constexpr, D: tl.constexpr):
+    # the program's query block I of a query-major kernel (the last block first): beta, the log2-unit scales of the
+    # bias and of q·k (scores are exp2 arguments), the rows' positions and q (0 past T)
+    I, bh, b, h = _program(H, True)
+    beta = tl.load(BETA + h).to(tl.float32)
+    bl2 = beta * LOG2E
+    sl2 = qk_scale * LOG2E
+    offs_m = I * BS + tl.arange(0, BS)
+    offs_d = tl.arange(0, D)
+    row_ok = offs_m < T
+    q = _load_rows(Q, b, h, s_qb, s_qt, s_qh, offs_m, offs_d, row_ok)
+    return I, bh, b, h, beta, bl2, sl2, offs_m, offs_d, row_ok, q
+
+
+@triton.jit
+def _diagonal_query_tile(q, K, V, b, h, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_m, offs_d, row_ok, phi_i, psi_i,
+                         sl2, bl2, PREC: tl.constexpr, QLEVEL: tl.constexpr, DIPSUM: tl.constexpr):
+    # the diagonal tile [t, s] of a query-major kernel (the columns are the rows' positions): k and v (0 past T),
+    # the bias depth and the log2-unit scores, before the causal, length and document masks
+    k = _load_rows(K, b, h, s_kb, s_kt, s_kh, offs_m, offs_d, row_ok)
+    v = _load_rows(V, b, h, s_vb, s_vt, s_vh, offs_m, offs_d, row_ok)
+    depth = _diag_depth(phi_i, psi_i, offs_m[:, None] > offs_m[None, :], QLEVEL, DIPSUM)
+    return k, v, depth, tl.dot(q, tl.trans(k), input_precision=PREC) * sl2 + depth * bl2
 
 
 @triton.jit
@@ -263,21 +333,14 @@ def _key_block(K, V, SEGP, IHI, BETA, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, T, H, 
                BS: tl.constexpr, D: tl.constexpr, SEG: tl.constexpr):
     # the program's key block J of a key-major kernel: k and v (0 past T), beta and the log2-unit scales, document
     # ids, and the last query block the walk visits (with documents, none after ihi[J] shares one with block J)
-    J = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
+    J, bh, b, h = _program(H, False)
     beta = tl.load(BETA + h).to(tl.float32)
     offs_n = J * BS + tl.arange(0, BS)
     offs_d = tl.arange(0, D)
     col_ok = offs_n < T
-    k = tl.load(K + b * s_kb + h * s_kh + offs_n[:, None] * s_kt + offs_d[None, :], mask=col_ok[:, None], other=0.0)
-    v = tl.load(V + b * s_vb + h * s_vh + offs_n[:, None] * s_vt + offs_d[None, :], mask=col_ok[:, None], other=0.0)
-    seg_j = offs_n
-    i_hi = nB - 1
-    if SEG:
-        seg_j = tl.load(SEGP + b * Tp + offs_n)
-        i_hi = tl.load(IHI + b * nB + J)
+    k = _load_rows(K, b, h, s_kb, s_kt, s_kh, offs_n, offs_d, col_ok)
+    v = _load_rows(V, b, h, s_vb, s_vt, s_vh, offs_n, offs_d, col_ok)
+    seg_j, i_hi = _documents(SEGP, IHI, b, Tp, nB, J, offs_n, nB - 1, SEG)
     return J, bh, b, h, beta, beta * LOG2E, qk_scale * LOG2E, bh * Tp, offs_n, offs_d, k, v, seg_j, i_hi
 
 
@@ -317,10 +380,9 @@ def _offdiag_key_tile(k, v, q, do, lse, delta, depth, seg_j, SEGP, b, Tp, offs_m
 @triton.jit
 def _store_key_grads(DK, DV, b, h, offs_n, offs_d, T, s_dkb, s_dkt, s_dkh, s_dvb, s_dvt, s_dvh, dk, dv, qk_scale):
     col_ok = offs_n < T
-    tl.store(DK + b * s_dkb + h * s_dkh + offs_n[:, None] * s_dkt + offs_d[None, :],
-             (dk * qk_scale).to(DK.dtype.element_ty), mask=col_ok[:, None])
-    tl.store(DV + b * s_dvb + h * s_dvh + offs_n[:, None] * s_dvt + offs_d[None, :],
-             dv.to(DV.dtype.element_ty), mask=col_ok[:, None])
+    tl.store(_rows(DK, b, h, s_dkb, s_dkt, s_dkh, offs_n, offs_d), (dk * qk_scale).to(DK.dtype.element_ty),
+             mask=col_ok[:, None])
+    tl.store(_rows(DV, b, h, s_dvb, s_dvt, s_dvh, offs_n, offs_d), dv.to(DV.dtype.element_ty), mask=col_ok[:, None])
 
 
 @triton.jit
@@ -341,9 +403,7 @@ def _dkdv_tile(k, v, Q, DO, LSE, DELTA, PRE, PSIP, SEGP, seg_j, b, h, offs_m, fb
     dk, dv, dsT = _offdiag_key_tile(k, v, q, do, lse, delta, dlt, seg_j, SEGP, b, Tp, offs_m, sl2, bl2, dk, dv,
                                     PREC, SEG)
     if not QLEVEL:  # with a query level these are row sums of the query-major kernel
-        s_g, s_b = tl.reduce((tl.where(dlt < 0.0, dsT, 0.0), dsT * dlt), 1, _add2)
-        dpsi -= beta * s_g
-        dbeta += s_b
+        dpsi, dbeta = _level_sums(tl.where(dlt < 0.0, dsT, 0.0), dsT * dlt, beta, dpsi, dbeta)
     return dk, dv, dpsi, dbeta
 
 
@@ -384,47 +444,26 @@ def _fpa_fwd_kernel(
     BS: tl.constexpr, D: tl.constexpr, SKIP: tl.constexpr, PREC: tl.constexpr, STORE32: tl.constexpr,
     QLEVEL: tl.constexpr, DIPSUM: tl.constexpr, SEG: tl.constexpr,
 ):
-    I = tl.num_programs(0) - 1 - tl.program_id(0)  # long rows first: a shorter tail
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    beta = tl.load(BETA + h).to(tl.float32)
-    bl2 = beta * LOG2E
-    sl2 = qk_scale * LOG2E
-    offs_m = I * BS + tl.arange(0, BS)
-    offs_d = tl.arange(0, D)
-    row_ok = offs_m < T
-    q = tl.load(Q + b * s_qb + h * s_qh + offs_m[:, None] * s_qt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    I, bh, b, h, beta, bl2, sl2, offs_m, offs_d, row_ok, q = _query_block(
+        Q, BETA, s_qb, s_qt, s_qh, T, H, qk_scale, BS, D)
     fbase = bh * Tp
     phi_i = tl.load(PHIP + fbase + offs_m)
     pre_i = tl.load(PRE + fbase + offs_m)
     psi_i = tl.load(PSIP + fbase + offs_m)
     phi_start = tl.load(PHIP + fbase + I * BS)
-    seg_i = offs_m
-    j_lo = 0
-    if SEG:
-        seg_i = tl.load(SEGP + b * Tp + offs_m)
-        j_lo = tl.load(JLO + b * nB + I)  # key blocks below j_lo share no document with block I
+    # key blocks below j_lo share no document with block I
+    seg_i, j_lo = _documents(SEGP, JLO, b, Tp, nB, I, offs_m, 0, SEG)
     m_i = tl.full([BS], -float("inf"), tl.float32)
     l_i = tl.zeros([BS], tl.float32)
     acc = tl.zeros([BS, D], tl.float32)
 
     # diagonal block
-    offs_n = offs_m
-    k = tl.load(K + b * s_kb + h * s_kh + offs_n[:, None] * s_kt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-    v = tl.load(V + b * s_vb + h * s_vh + offs_n[:, None] * s_vt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-    after = offs_m[:, None] > offs_n[None, :]
-    depth = _diag_depth(phi_i, psi_i, after, QLEVEL, DIPSUM)
-    s = tl.dot(q, tl.trans(k), input_precision=PREC) * sl2 + depth * bl2
-    s = tl.where((offs_m[:, None] >= offs_n[None, :]) & (offs_n[None, :] < T), s, -float("inf"))
+    k, v, depth, s = _diagonal_query_tile(q, K, V, b, h, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_m, offs_d, row_ok,
+                                          phi_i, psi_i, sl2, bl2, PREC, QLEVEL, DIPSUM)
+    s = tl.where((offs_m[:, None] >= offs_m[None, :]) & (offs_m[None, :] < T), s, -float("inf"))
     if SEG:
         s = tl.where(seg_i[:, None] == seg_i[None, :], s, -float("inf"))
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    p = tl.exp2(s - m_new[:, None])
-    alpha = tl.exp2(m_i - m_new)
-    l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
-    m_i = m_new
+    m_i, l_i, acc = _softmax_step(s, v, m_i, l_i, acc, PREC)
 
     mid = FAR
     for jj in range(0, I - j_lo):
@@ -443,7 +482,7 @@ def _fpa_fwd_kernel(
             mid = tl.minimum(mid, tl.load(BMIN + bh * nB + J))
 
     acc = acc / l_i[:, None]
-    tl.store(O + b * s_ob + h * s_oh + offs_m[:, None] * s_ot + offs_d[None, :], acc.to(O.dtype.element_ty), mask=row_ok[:, None])
+    tl.store(_rows(O, b, h, s_ob, s_ot, s_oh, offs_m, offs_d), acc.to(O.dtype.element_ty), mask=row_ok[:, None])
     if STORE32:  # (B*H, Tp, D) fp32: the backward's rowsum(dO * O) without O's rounding
         tl.store(O32 + (fbase + offs_m[:, None]) * D + offs_d[None, :], acc)
     # log2 units; +inf on padded rows, so that the backward's p = exp2(s - lse) is 0 there unmasked
@@ -487,18 +526,9 @@ def _fpa_bwd_dq_kernel(
     # quantity and stays in registers; a_s (a column quantity) is stored per (query block, key block)
     # and summed in fixed order by the field kernel, so the result is deterministic. Dip-sum has no field
     # part here (its field gradient needs sums over later queries: the key-major kernel has them).
-    I = tl.num_programs(0) - 1 - tl.program_id(0)  # long rows first: a shorter tail
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    beta = tl.load(BETA + h).to(tl.float32)
-    bl2 = beta * LOG2E
-    sl2 = qk_scale * LOG2E
-    offs_m = I * BS + tl.arange(0, BS)
-    offs_d = tl.arange(0, D)
-    row_ok = offs_m < T
-    q = tl.load(Q + b * s_qb + h * s_qh + offs_m[:, None] * s_qt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-    do = tl.load(DO + b * s_ob + h * s_oh + offs_m[:, None] * s_ot + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    I, bh, b, h, beta, bl2, sl2, offs_m, offs_d, row_ok, q = _query_block(
+        Q, BETA, s_qb, s_qt, s_qh, T, H, qk_scale, BS, D)
+    do = _load_rows(DO, b, h, s_ob, s_ot, s_oh, offs_m, offs_d, row_ok)
     fbase = bh * Tp
     # Delta_t = rowsum(dO * O) with the forward's fp32 O (0 on padded rows, where dO = 0); stored for
     # the key-major and field kernels
@@ -510,57 +540,43 @@ def _fpa_bwd_dq_kernel(
     zpre_i = tl.load(ZPRE + fbase + offs_m)
     psi_i = tl.load(PSIP + fbase + offs_m)
     phi_start = tl.load(PHIP + fbase + I * BS)
-    seg_i = offs_m
-    j_lo = 0
-    if SEG:
-        seg_i = tl.load(SEGP + b * Tp + offs_m)
-        j_lo = tl.load(JLO + b * nB + I)
+    seg_i, j_lo = _documents(SEGP, JLO, b, Tp, nB, I, offs_m, 0, SEG)
     dq = tl.zeros([BS, D], tl.float32)
     c = tl.zeros([BS], tl.float32)
     qpsi = tl.zeros([BS], tl.float32)  # query level: dpsi_t and dbeta_t, row sums
     qbeta = tl.zeros([BS], tl.float32)
 
     # diagonal (its field gradient belongs to the field kernel, or to dip-sum's key-major kernel)
-    offs_n = offs_m
-    k = tl.load(K + b * s_kb + h * s_kh + offs_n[:, None] * s_kt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-    v = tl.load(V + b * s_vb + h * s_vh + offs_n[:, None] * s_vt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-    after = offs_m[:, None] > offs_n[None, :]
-    depth = _diag_depth(phi_i, psi_i, after, QLEVEL, DIPSUM)
-    s = tl.dot(q, tl.trans(k), input_precision=PREC) * sl2 + depth * bl2
+    k, v, depth, s = _diagonal_query_tile(q, K, V, b, h, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_m, offs_d, row_ok,
+                                          phi_i, psi_i, sl2, bl2, PREC, QLEVEL, DIPSUM)
     p = tl.exp2(s - lse[:, None])
-    p = tl.where((offs_m[:, None] >= offs_n[None, :]) & row_ok[:, None], p, 0.0)
+    p = tl.where((offs_m[:, None] >= offs_m[None, :]) & row_ok[:, None], p, 0.0)
     if SEG:
         p = tl.where(seg_i[:, None] == seg_i[None, :], p, 0.0)
     dp = tl.dot(do, tl.trans(v), input_precision=PREC)
     ds = p * (dp - delta[:, None])
     dq += tl.dot(ds.to(k.dtype), k, input_precision=PREC)
     if QLEVEL:
-        g_row, b_row = tl.reduce((tl.where(depth < 0.0, ds, 0.0), ds * depth), 1, _add2)
-        qpsi -= beta * g_row
-        qbeta += b_row
+        qpsi, qbeta = _level_sums(tl.where(depth < 0.0, ds, 0.0), ds * depth, beta, qpsi, qbeta)
 
     # Off-diagonal tiles walk away from the diagonal (J = I-1 .. j_lo) so mid(J, I) and its normaliser
-    # zmid are running combines; the general tiles come first, the fast ones after: no branch in a loop.
+    # zmid are running combines; the general tiles (J >= j_general) come first, the fast ones after: two
+    # loops (the two passes of a static range, GENERAL = 1 then 0), no branch in either.
     mid = FAR
     zmid = 0.0
     j_general = j_lo
     if not DIPSUM:
         j_general = tl.maximum(_first_general_block(BMIN, MINSUF, bh, I, nB, CB), j_lo)
-    for jj in range(0, I - j_general):
-        dq, c, mid, zmid, qpsi, qbeta = _dq_step(
-            q, do, K, V, SUF, ZSUF, PSIP, BMIN, ZBLK, CARRY, SEGP, A_PARTIAL, KAPPA, b, h, bh, I, I - 1 - jj,
-            nB, fbase, Tp, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_d, mid, zmid, pre_i, zpre_i, psi_i, phi_i,
-            seg_i, lse, delta, beta, sl2, bl2, phi_start, threshold, dq, c, qpsi, qbeta,
-            BS, NSUB, SKIP, PREC, FAST, True, QLEVEL, DIPSUM, SEG)
-    for jj in range(I - j_general, I - j_lo):
-        dq, c, mid, zmid, qpsi, qbeta = _dq_step(
-            q, do, K, V, SUF, ZSUF, PSIP, BMIN, ZBLK, CARRY, SEGP, A_PARTIAL, KAPPA, b, h, bh, I, I - 1 - jj,
-            nB, fbase, Tp, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_d, mid, zmid, pre_i, zpre_i, psi_i, phi_i,
-            seg_i, lse, delta, beta, sl2, bl2, phi_start, threshold, dq, c, qpsi, qbeta,
-            BS, NSUB, SKIP, PREC, FAST, False, QLEVEL, DIPSUM, SEG)
+    for GENERAL in tl.static_range(1, -1, -1):
+        for jj in range(0 if GENERAL else I - j_general, I - j_general if GENERAL else I - j_lo):
+            dq, c, mid, zmid, qpsi, qbeta = _dq_step(
+                q, do, K, V, SUF, ZSUF, PSIP, BMIN, ZBLK, CARRY, SEGP, A_PARTIAL, KAPPA, b, h, bh, I, I - 1 - jj,
+                nB, fbase, Tp, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_d, mid, zmid, pre_i, zpre_i, psi_i, phi_i,
+                seg_i, lse, delta, beta, sl2, bl2, phi_start, threshold, dq, c, qpsi, qbeta,
+                BS, NSUB, SKIP, PREC, FAST, GENERAL, QLEVEL, DIPSUM, SEG)
 
-    tl.store(DQ + b * s_dqb + h * s_dqh + offs_m[:, None] * s_dqt + offs_d[None, :],
-             (dq * qk_scale).to(DQ.dtype.element_ty), mask=row_ok[:, None])
+    tl.store(_rows(DQ, b, h, s_dqb, s_dqt, s_dqh, offs_m, offs_d), (dq * qk_scale).to(DQ.dtype.element_ty),
+             mask=row_ok[:, None])
     tl.store(DELTA + fbase + offs_m, delta)
     if not DIPSUM:
         tl.store(CSUM + fbase + offs_m, c)
@@ -762,10 +778,10 @@ def _diagonal_field_grad(Q, K, V, DO, SEGP, b, h, s_qb, s_qt, s_qh, s_kb, s_kt, 
     # rows t, columns s of one diagonal block; dphi_u = sum_{s<u<=t} G[t,s] e^{M(s,t) - phi_u} / Z'(s,t)
     offs_d = tl.arange(0, D)
     ok = offs < T
-    q = tl.load(Q + b * s_qb + h * s_qh + offs[:, None] * s_qt + offs_d[None, :], mask=ok[:, None], other=0.0)
-    k = tl.load(K + b * s_kb + h * s_kh + offs[:, None] * s_kt + offs_d[None, :], mask=ok[:, None], other=0.0)
-    v = tl.load(V + b * s_vb + h * s_vh + offs[:, None] * s_vt + offs_d[None, :], mask=ok[:, None], other=0.0)
-    do = tl.load(DO + b * s_ob + h * s_oh + offs[:, None] * s_ot + offs_d[None, :], mask=ok[:, None], other=0.0)
+    q = _load_rows(Q, b, h, s_qb, s_qt, s_qh, offs, offs_d, ok)
+    k = _load_rows(K, b, h, s_kb, s_kt, s_kh, offs, offs_d, ok)
+    v = _load_rows(V, b, h, s_vb, s_vt, s_vh, offs, offs_d, ok)
+    do = _load_rows(DO, b, h, s_ob, s_ot, s_oh, offs, offs_d, ok)
     after = offs[:, None] > offs[None, :]
     Mt, Zt = tl.associative_scan(
         (tl.where(after, phi[:, None], FAR), tl.where(after, 1.0, 0.0)), 0, _minsum_combine)
@@ -799,10 +815,7 @@ def _fpa_field_kernel(
 ):
     # With segments, the query-major walk of block I stops at j_lo(I): A_PARTIAL[I, .] and KAPPA[., I] are read
     # for key blocks J >= j_lo(I) only (the others were never written and hold no pair of one document).
-    Kb = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
+    Kb, bh, b, h = _program(H, False)
     beta = tl.load(BETA + h).to(tl.float32)
     fbase = bh * Tp
     offs = Kb * BS + tl.arange(0, BS)

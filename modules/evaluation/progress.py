@@ -172,13 +172,17 @@ def announce(label: str, work: list[Work], costs: list[CostModel], device: torch
 
 
 def start(label: str, decoders: list[Decoder], work: list[Work], score: Callable[[Decoder, torch.Tensor], object],
-          shorten: str, unit: str = "items") -> Progress:
+          shorten: str, unit: str = "items",
+          paths: Sequence[tuple[Decoder, Callable[[Decoder, torch.Tensor], object]]] = ()) -> Progress:
     """Calibrate each model with ``score`` (the forward the task runs) at min(2048, its shortest item), announce the
-    plan and return the task's progress bar."""
+    plan and return the task's progress bar. ``paths``: further (decoder, score) pairs whose cost differs from the
+    main forward (decoding through the KV cache, say), calibrated the same way; ``Work.model`` numbers them after
+    the decoders (len(decoders) + j)."""
     if not any(len(w.lengths) for w in work):
         return Progress(label, work, unit=unit)
     shortest = min(min(w.lengths) for w in work if len(w.lengths))
     costs = [calibrate(d, min(2048, shortest), score) for d in decoders]
+    costs += [calibrate(d, min(2048, shortest), path_score) for d, path_score in paths]
     device = next(decoders[0].parameters()).device
     announce(label, work, costs, device, shorten, unit)
     return Progress(label, work, costs, unit)

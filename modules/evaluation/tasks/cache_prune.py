@@ -9,6 +9,7 @@ import argparse
 
 import matplotlib.pyplot as plt
 import numpy as np
+import torch
 
 from fpa_lightning.analysis.pruning import pruned_cache, window_for_fraction
 from fpa_lightning.evaluation.checkpoint import LoadedModel
@@ -70,13 +71,38 @@ def _doc_losses(model: LoadedModel, docs: list, runtime: Runtime, bar: Progress,
 
 
 def _work(models: list[LoadedModel], docs_at: dict, n_rules: int, window: int | None,
-          passkey_sizes: list[int]) -> list[Work]:
-    """Per model: each document once unpruned and once per rule, then every pass-key trial once."""
+          passkey_sizes: list[int], real_eviction: bool = False) -> list[Work]:
+    """Per model: each document once unpruned and once per rule, then every pass-key trial once. With real eviction,
+    each document once more per rule through the KV cache, a path of its own cost (``Work.model`` = number of models
+    + the model's index, calibrated by ``_real_eviction_paths``)."""
     work = []
+    sizes = [d.numel() for docs in docs_at.values() for d in docs]
     for i, m in enumerate(models):
-        passes = 1 + (1 if window is not None and not has_bias(m) else n_rules)
-        work.append(Work(i, [d.numel() for docs in docs_at.values() for d in docs] * passes + passkey_sizes))
+        rules = 1 if window is not None and not has_bias(m) else n_rules
+        work.append(Work(i, sizes * (1 + rules) + passkey_sizes))
+        if real_eviction:
+            work.append(Work(len(models) + i, sizes * rules))
     return work
+
+
+def _real_eviction_paths(models: list[LoadedModel], thresholds: list[float], window: int | None,
+                         lengths: list[int], runtime: Runtime) -> list[tuple]:
+    """(decoder, score) per model: decoding through the KV cache under one of its rules, for the time estimate (a
+    biased model's first threshold; without a bias the given window, or a quarter of the shortest length)."""
+    paths = []
+    for m in models:
+        rule = (PruneRule(threshold=thresholds[0]) if has_bias(m)
+                else PruneRule(window=window or max(1, min(lengths) // 4)))
+
+        paths.append((m.decoder, lambda decoder, ids, rule=rule: _decoded_losses(decoder, ids, rule, runtime)))
+    return paths
+
+
+def _decoded_losses(decoder, ids: torch.Tensor, rule: PruneRule, runtime: Runtime) -> tuple:
+    """ids (1, L + 1) through the real KV cache under `rule`, extended a layer block of queries at a time:
+    ``cached_token_losses``' losses (1, L) and session."""
+    with runtime.autocast():
+        return cached_token_losses(decoder, ids.to(runtime.device), rule, piece=decoder.cfg.attention.block_size)
 
 
 def _rules(model: LoadedModel, thresholds: list[float], partner_fractions: list[float] | None,
@@ -113,7 +139,8 @@ def cache_prune(models: list[LoadedModel], runtime: Runtime, data: EvalData, len
     builder = PasskeyBuilder(data.tokenizer, data.bos_id)
     passkey_sizes = [t.length for n in passkey_lengths for t in builder.trials(n, n_trials, runtime.seed)]
     bar = start("cache_prune", [m.decoder for m in models],
-                _work(models, docs_at, len(thresholds), window, passkey_sizes), runtime.losses,
+                _work(models, docs_at, len(thresholds), window, passkey_sizes, real_eviction), runtime.losses,
+                paths=_real_eviction_paths(models, thresholds, window, lengths, runtime) if real_eviction else (),
                 shorten="fewer --max-docs, --lengths, --thresholds, --passkey-lengths or --trials",
                 unit="passes")
     for length, docs in docs_at.items():
@@ -131,7 +158,8 @@ def cache_prune(models: list[LoadedModel], runtime: Runtime, data: EvalData, len
                 rows.append({"rule": rule.describe(), "loss": intervals(losses, runtime)[0].as_dict(),
                              "increase": intervals(losses - base, runtime)[0].as_dict(), **kept})
                 if real_eviction:
-                    rows[-1]["real_eviction"] = _real_eviction(m, docs, rule, runtime, base, losses)
+                    rows[-1]["real_eviction"] = _real_eviction(m, docs, rule, runtime, base, losses, bar,
+                                                                len(models) + i)
                     scalars[f"cache_prune/{'AB'[i]}_real_kept/{length}/{_rule_tag(rule)}"] = \
                         rows[-1]["real_eviction"]["kept_fraction"]
                 scalars[f"cache_prune/{'AB'[i]}_increase/{length}/{_rule_tag(rule)}"] = rows[-1]["increase"]["estimate"]
@@ -152,16 +180,15 @@ def cache_prune(models: list[LoadedModel], runtime: Runtime, data: EvalData, len
 
 
 def _real_eviction(model: LoadedModel, docs: list, rule: PruneRule, runtime: Runtime, base: np.ndarray,
-                   simulated: np.ndarray) -> dict:
+                   simulated: np.ndarray, bar: Progress, path: int) -> dict:
     """The documents through the real KV cache under `rule`: loss, increase over the unpruned pass, kept fraction
     (every query, as the simulation counts it), allocated cache bytes at the end, and the largest difference of a
     document's loss from the simulation's (rounding only: the two compute the same thing)."""
     losses, kept, cache_bytes = [], [], []
     for doc in docs:
-        with runtime.autocast():
-            per_token, session = cached_token_losses(model.decoder, doc[None].to(runtime.device), rule,
-                                                     piece=model.decoder.cfg.attention.block_size)
+        per_token, session = _decoded_losses(model.decoder, doc[None], rule, runtime)
         losses.append(float(per_token.mean()))
+        bar.advance(doc.numel(), path)
         stats = session.stats()
         kept.append(stats["kept_per_query"]["kept_fraction"])
         cache_bytes.append(stats["cache_bytes"])

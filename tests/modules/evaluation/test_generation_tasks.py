@@ -50,9 +50,13 @@ def test_generate_is_greedy_decoding(tmp_path, ckpts, tokenizer, capsys):
         assert model["stats"]["kept_fraction"] == 1.0  # nothing is evicted without --prune-threshold
 
 
-def test_cache_prune_real_eviction_matches_the_simulation(tmp_path, ckpts):
+def test_cache_prune_real_eviction_matches_the_simulation(tmp_path, ckpts, capsys):
     r = run(tmp_path, "cp", "--task", "cache_prune", "--ckpt", ckpts["fpa"], "--compare", ckpts["sdpa"],
             "--lengths", "80", "--thresholds", "-2", "--passkey-lengths", "--max-docs", "2", "--real-eviction")
+    # the estimate and the bar count the decoding passes too: per model 2 documents unpruned, under the rule, and
+    # through the KV cache under the rule; the bar's last line has every pass done
+    err = capsys.readouterr().err
+    assert "cache_prune: 12 passes" in err and "12/12 passes" in err.splitlines()[-1]
     (entry,) = r["results"]["lengths"]
     for model in entry["models"]:
         (row,) = model["rules"]

@@ -92,7 +92,8 @@ def add_options(p: _Options) -> None:
     p.add_argument("--tokenizer", help="tokenizer.json (or SentencePiece .model) for prompts and data (default: "
                    "the one the checkpoint was trained with, recorded in it)")
     p.add_argument("--impl", choices=IMPLS, help="override the attention implementation (default: the checkpoint's; "
-                   "a fused checkpoint runs chunked on a CPU); cache_prune always runs chunked")
+                   "a fused checkpoint runs chunked on a CPU); cache_prune always runs chunked; probes: every selected group's "
+                   "models (default: each group's own, Group.impl), recorded in each row")
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
     p.add_argument("--precision", choices=("32", "bf16"), default="32", help="bf16 = autocast; losses stay float32")
     p.add_argument("--seed", type=int, default=0, help="seed of pass-key prompts and bootstrap resampling")

@@ -1,6 +1,6 @@
 """probes: the paper's synthetic probe table, trained from scratch (no checkpoint), 15 seeds per row, sign tests.
 
-``python eval.py --task probes [--probes NAME ...] [--backends NAME ...] [--seeds 15] [--steps N] --out DIR``
+``python eval.py --task probes [--probes NAME ...] [--backends NAME ...] [--seeds 15] [--steps N] [--impl I] --out DIR``
 writes ``probes.json`` (rows and comparisons), ``probes.md`` (the table beside the paper's) and ``probes.png``.
 Rows already in DIR/probes.json (or in files given to --merge) with the same settings are reused, so the table
 can be filled in over several runs. Definitions and results: docs/probes.md.
@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import torch
 
@@ -88,6 +88,8 @@ def machine(device: torch.device) -> str:
 
 def run(args: argparse.Namespace, models: list[LoadedModel], runtime: Runtime, data: EvalData) -> TaskOutput:
     plan = select(args.probes, args.backends)
+    if args.impl is not None:  # every selected group on this implementation (naive: the seeds as one vmapped model)
+        plan = [(replace(group, impl=args.impl), backend) for group, backend in plan]
     seeds = list(range(runtime.seed, runtime.seed + (args.seeds or DEFAULT_SEEDS)))
     budget = Budget(batch=args.train_batch or Budget.batch, lr=args.lr or Budget.lr,
                     weight_decay=args.weight_decay or Budget.weight_decay)
@@ -123,7 +125,7 @@ def _with_other_rows(rows: list[dict], earlier: list[dict]) -> list[dict]:
 
 
 def _key(row: dict) -> str:
-    return repr(sorted((k, repr(v)) for k, v in row.items() if k in ("group", "backend", "seeds", "budget")))
+    return repr(sorted((k, repr(v)) for k, v in row.items() if k in ("group", "backend", "seeds", "budget", "impl")))
 
 
 TASK = Task("the paper's synthetic probe table: trains probe models from scratch (no --ckpt), sign tests",

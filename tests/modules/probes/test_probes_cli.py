@@ -50,6 +50,12 @@ def test_a_tiny_table_trains_writes_json_and_resumes(tmp_path, capsys, monkeypat
     capsys.readouterr()
     main([*TINY, "--out", out])  # same settings: nothing is trained again
     assert "4 reused from earlier results, 0 to train" in capsys.readouterr().out
+    # another implementation is another experiment: trained anew, recorded in the row, kept beside the naive rows
+    main([*TINY, "--probes", "dip_duration(r=8, duration=variable, order=any)", "--impl", "auto", "--out", out])
+    assert "0 reused from earlier results, 2 to train" in capsys.readouterr().out
+    with open(path) as f:
+        rows = json.load(f)["results"]["rows"]
+    assert sorted(r.get("impl", "naive") for r in rows) == ["auto", "auto", "naive", "naive", "naive", "naive"]
 
 
 def test_list_and_misuse(tmp_path, capsys):
@@ -61,6 +67,7 @@ def test_list_and_misuse(tmp_path, capsys):
         (["--task", "probes", "--probes", "nonsense"], "unknown probe"),
         (["--task", "probes", "--probes", "mqar", "--backends", "alibi"], "no row of the table"),
         (["--task", "probes", "--seeds", "0"], "positive"),
+        (["--task", "probes", "--impl", "vmapped"], "invalid choice"),
         (["--task", "passkey"], "needs --ckpt"),
         (["--task", "passkey", "--ckpt", "x.ckpt", "--steps", "3"], "does not apply"),
     ]:

@@ -42,8 +42,10 @@ def add_arguments(group) -> None:
                        "document through the real KV cache (keys evicted from storage) and report its loss and kept "
                        "fraction beside the simulation's, on the same documents")
     group.add_argument("--block-rows", type=int, help="cache_prune: query rows per block of the pruning simulation "
-                       f"(default {DEFAULT_BLOCK_ROWS}); the results do not depend on it, its memory grows with it "
-                       "(batch × heads × rows × length per temporary)")
+                       "and, with --real-eviction, per decoding pass through the KV cache (keys a query rejects are "
+                       "hidden from the later queries of its block and freed after it, so the results equal "
+                       f"per-token eviction) (default {DEFAULT_BLOCK_ROWS}); the results do not depend on it, its "
+                       "memory grows with it (batch × heads × rows × length per temporary)")
 
 
 def check(args: argparse.Namespace, models: list[LoadedModel]) -> None:
@@ -86,7 +88,7 @@ def _work(models: list[LoadedModel], docs_at: dict, n_rules: int, window: int | 
 
 
 def _real_eviction_paths(models: list[LoadedModel], thresholds: list[float], window: int | None,
-                         lengths: list[int], runtime: Runtime) -> list[tuple]:
+                         lengths: list[int], runtime: Runtime, block_rows: int) -> list[tuple]:
     """(decoder, score) per model: decoding through the KV cache under one of its rules, for the time estimate (a
     biased model's first threshold; without a bias the given window, or a quarter of the shortest length)."""
     paths = []
@@ -94,15 +96,16 @@ def _real_eviction_paths(models: list[LoadedModel], thresholds: list[float], win
         rule = (PruneRule(threshold=thresholds[0]) if has_bias(m)
                 else PruneRule(window=window or max(1, min(lengths) // 4)))
 
-        paths.append((m.decoder, lambda decoder, ids, rule=rule: _decoded_losses(decoder, ids, rule, runtime)))
+        paths.append((m.decoder, lambda decoder, ids, rule=rule: _decoded_losses(decoder, ids, rule, runtime,
+                                                                                 block_rows)))
     return paths
 
 
-def _decoded_losses(decoder, ids: torch.Tensor, rule: PruneRule, runtime: Runtime) -> tuple:
-    """ids (1, L + 1) through the real KV cache under `rule`, extended a layer block of queries at a time:
-    ``cached_token_losses``' losses (1, L) and session."""
+def _decoded_losses(decoder, ids: torch.Tensor, rule: PruneRule, runtime: Runtime, block_rows: int) -> tuple:
+    """ids (1, L + 1) through the real KV cache under `rule`, `block_rows` queries per pass: ``cached_token_losses``'
+    losses (1, L) and session."""
     with runtime.autocast():
-        return cached_token_losses(decoder, ids.to(runtime.device), rule, piece=decoder.cfg.attention.block_size)
+        return cached_token_losses(decoder, ids.to(runtime.device), rule, piece=block_rows)
 
 
 def _rules(model: LoadedModel, thresholds: list[float], partner_fractions: list[float] | None,
@@ -140,7 +143,8 @@ def cache_prune(models: list[LoadedModel], runtime: Runtime, data: EvalData, len
     passkey_sizes = [t.length for n in passkey_lengths for t in builder.trials(n, n_trials, runtime.seed)]
     bar = start("cache_prune", [m.decoder for m in models],
                 _work(models, docs_at, len(thresholds), window, passkey_sizes, real_eviction), runtime.losses,
-                paths=_real_eviction_paths(models, thresholds, window, lengths, runtime) if real_eviction else (),
+                paths=_real_eviction_paths(models, thresholds, window, lengths, runtime, block_rows)
+                if real_eviction else (),
                 shorten="fewer --max-docs, --lengths, --thresholds, --passkey-lengths or --trials",
                 unit="passes")
     for length, docs in docs_at.items():
@@ -159,7 +163,7 @@ def cache_prune(models: list[LoadedModel], runtime: Runtime, data: EvalData, len
                              "increase": intervals(losses - base, runtime)[0].as_dict(), **kept})
                 if real_eviction:
                     rows[-1]["real_eviction"] = _real_eviction(m, docs, rule, runtime, base, losses, bar,
-                                                                len(models) + i)
+                                                                len(models) + i, block_rows)
                     scalars[f"cache_prune/{'AB'[i]}_real_kept/{length}/{_rule_tag(rule)}"] = \
                         rows[-1]["real_eviction"]["kept_fraction"]
                 scalars[f"cache_prune/{'AB'[i]}_increase/{length}/{_rule_tag(rule)}"] = rows[-1]["increase"]["estimate"]
@@ -180,13 +184,13 @@ def cache_prune(models: list[LoadedModel], runtime: Runtime, data: EvalData, len
 
 
 def _real_eviction(model: LoadedModel, docs: list, rule: PruneRule, runtime: Runtime, base: np.ndarray,
-                   simulated: np.ndarray, bar: Progress, path: int) -> dict:
+                   simulated: np.ndarray, bar: Progress, path: int, block_rows: int) -> dict:
     """The documents through the real KV cache under `rule`: loss, increase over the unpruned pass, kept fraction
     (every query, as the simulation counts it), allocated cache bytes at the end, and the largest difference of a
     document's loss from the simulation's (rounding only: the two compute the same thing)."""
     losses, kept, cache_bytes = [], [], []
     for doc in docs:
-        per_token, session = _decoded_losses(model.decoder, doc[None], rule, runtime)
+        per_token, session = _decoded_losses(model.decoder, doc[None], rule, runtime, block_rows)
         losses.append(float(per_token.mean()))
         bar.advance(doc.numel(), path)
         stats = session.stats()

@@ -52,7 +52,8 @@ def test_generate_is_greedy_decoding(tmp_path, ckpts, tokenizer, capsys):
 
 def test_cache_prune_real_eviction_matches_the_simulation(tmp_path, ckpts, capsys):
     r = run(tmp_path, "cp", "--task", "cache_prune", "--ckpt", ckpts["fpa"], "--compare", ckpts["sdpa"],
-            "--lengths", "80", "--thresholds", "-2", "--passkey-lengths", "--max-docs", "2", "--real-eviction")
+            "--lengths", "80", "--thresholds", "-2", "--passkey-lengths", "--max-docs", "2", "--real-eviction",
+            "--block-rows", "24")  # 80 queries in 4 decoding passes (blocks end mid-document)
     # the estimate and the bar count the decoding passes too: per model 2 documents unpruned, under the rule, and
     # through the KV cache under the rule; the bar's last line has every pass done
     err = capsys.readouterr().err

@@ -171,13 +171,17 @@ def test_only_the_hf_package_imports_transformers():
     assert outside == []
 
 
-def loaded_after(imports: str, *packages: str) -> str:
-    """Which modules of `packages` a fresh interpreter has loaded after ``import {imports}``."""
-    code = (f"import sys, {imports}; print(sorted(m for m in sys.modules "
-            f"if any(m == p or m.startswith(p + '.') for p in {packages!r})))")
+def loaded_after(*steps: tuple[str, tuple[str, ...]]) -> list[str]:
+    """One fresh interpreter runs ``import {imports}`` for each (imports, packages) step in turn and, after each step,
+    lists the modules of `packages` it has loaded so far (one interpreter for every step: its start-up, torch and
+    lightning included, costs seconds; a later step sees the modules of the earlier ones too, so it checks no less
+    than a fresh interpreter of its own would)."""
+    code = "import sys\n" + "".join(
+        f"import {imports}; print(sorted(m for m in sys.modules "
+        f"if any(m == p or m.startswith(p + '.') for p in {packages!r})))\n" for imports, packages in steps)
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO)
     assert run.returncode == 0, run.stderr[-2000:]
-    return run.stdout.strip()
+    return run.stdout.strip().splitlines()
 
 
 def test_importing_the_core_does_not_load_transformers():
@@ -187,5 +191,5 @@ def test_importing_the_core_does_not_load_transformers():
     library = ("fpa_lightning, fpa_lightning.export, fpa_lightning.generation, fpa_lightning.analysis.survival, "
                "fpa_lightning.evaluation.checkpoint, fpa_lightning.evaluation.ruler, fpa_lightning.evaluation.babilong, "
                "fpa_lightning.probes, fpa_lightning.probes.train, fpa_lightning.probes.theory")
-    assert loaded_after(library, "transformers") == "[]"
-    assert loaded_after("modules.evaluation.cli", "fpa_lightning.hf", "lm_eval") == "[]"
+    assert loaded_after((library, ("transformers",)), ("modules.evaluation.cli", ("fpa_lightning.hf", "lm_eval"))) == [
+        "[]", "[]"]

@@ -1,5 +1,6 @@
 """Training guards (issue #23): a non-finite loss stops the run naming the step, the batch's place in the data stream
 and the last good checkpoint; no checkpoint with NaN/inf is written or becomes the best."""
+import functools
 import itertools
 import pathlib
 import re
@@ -32,11 +33,20 @@ def named_checkpoint(message: str) -> pathlib.Path | None:
 
 
 def expected_position(batches: int) -> str:
-    """The position the guard must name: the same stream as the tiny quickstart (offline corpus, 2 x 32 tokens,
-    one worker, seed 0), read without a trainer."""
+    """The position the guard must name after `batches` train batches: the same stream as the tiny quickstart (offline
+    corpus, 2 x 32 tokens, one worker, seed 0), read without a trainer."""
+    return first_positions()[batches - 1]
+
+
+@functools.cache
+def first_positions(n: int = 4) -> list[str]:
+    """The stream's position after each of its first n batches, from one read (a data module starts its worker and
+    tokeniser once instead of once per test)."""
     dm = TextDataModule(seq_len=32, batch_size=2, num_workers=1)
-    list(itertools.islice(iter(dm.train_dataloader()), batches))
-    return str(dm.last_train_batch)
+    positions = []
+    for _ in itertools.islice(iter(dm.train_dataloader()), n):
+        positions.append(str(dm.last_train_batch))
+    return positions
 
 
 def poison(monkeypatch, when):

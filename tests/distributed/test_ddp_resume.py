@@ -1,8 +1,12 @@
 """Exact multi-rank resume: 2 DDP ranks on CPU (gloo), N straight steps vs N/2 + resume + N/2, weights bit-identical.
 
-Each run is a real ``python train.py fit`` (Lightning launches the second rank as a subprocess of the first), on
-the quickstart config shrunk to one layer, 128-token rows and 8 rows a rank. Gloo's all-reduce is deterministic, so
-two uninterrupted runs end with identical weights; a resumed run does too only if every rank's data cursors, the
+Each run is a real ``python train.py fit`` (Lightning launches the second rank as a subprocess of the first), on the
+quickstart config shrunk to one layer of width 64 (one head), 128-token rows and 8 rows a rank. The width plays no
+part in what is checked (any state left unrestored moves some weight) and a narrow layer spends the run's time on
+the launch and the resume instead of on matrix products; the rows stay this long: after 3 steps of 8 rows of 128
+tokens the two ranks' cursors differ (after 3 steps of 2 rows of 32 they sat at the same offset of their first
+documents, so a checkpoint holding one rank's cursors twice would pass). Gloo's all-reduce is deterministic, so two
+uninterrupted runs end with identical weights; a resumed run does too only if every rank's data cursors, the
 optimizer and the schedule were restored.
 """
 import pytest
@@ -13,7 +17,8 @@ STEPS = 6
 
 
 def ddp_fit(runs, *extra: str) -> None:
-    train_py(runs, "--model.model.n_layer=1", "--data.init_args.seq_len=128", "--data.init_args.batch_size=8",
+    train_py(runs, "--model.model.n_layer=1", "--model.model.d_model=64", "--model.model.n_head=1",
+             "--model.model.d_mlp=128", "--data.init_args.seq_len=128", "--data.init_args.batch_size=8",
              "--data.init_args.num_workers=0", "--trainer.accelerator=cpu", "--trainer.devices=2",
              "--trainer.strategy=ddp", f"--trainer.max_steps={STEPS}", "--trainer.limit_val_batches=0",
              "--trainer.callbacks=[]", "--checkpoint.monitor=null", "--checkpoint.save_top_k=-1",

@@ -48,8 +48,18 @@ import os, sys
 shard, roots = int(sys.argv[1]), sys.argv[2:]
 lines = sys.stdin.read().splitlines()
 cut = lines.index("--- files")
-def real(path):  # a collected file, relative to the working directory or to a test root
-    for base in ["", *roots]:
+def ancestors(path):
+    path = os.path.abspath(path)
+    while True:
+        yield path
+        if path == os.path.dirname(path):
+            return
+        path = os.path.dirname(path)
+# node ids are relative to the rootdir of pytest: the directory of its ini-file or a common ancestor of the working
+# directory and the test roots (the folder above both when the roots lie outside the repository)
+bases = list(dict.fromkeys(b for start in [".", *roots] for b in ancestors(start)))
+def real(path):  # a collected file
+    for base in bases:
         if os.path.isfile(os.path.join(base, path)):
             return os.path.realpath(os.path.join(base, path))
     return None

@@ -33,7 +33,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 "$python" -c "import torch, triton; print('torch', torch.__version__, '| triton', triton.__version__, '| cuda', torch.cuda.is_available())" | tee -a "$results/machine.txt"
 status=0
 
-# --- the GPU tests, one file at a time ------------------------------------------------------------------------------
+# --- the GPU tests, each file in shards ---------------------------------------------------------------------------
 read -ra roots <<<"${TESTS:-tests}"
 jobs_at_once=${JOBS:-8}
 shard_size=${SHARD:-2}

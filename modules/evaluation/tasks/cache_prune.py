@@ -95,7 +95,6 @@ def _real_eviction_paths(models: list[LoadedModel], thresholds: list[float], win
     for m in models:
         rule = (PruneRule(threshold=thresholds[0]) if has_bias(m)
                 else PruneRule(window=window or max(1, min(lengths) // 4)))
-
         paths.append((m.decoder, lambda decoder, ids, rule=rule: _decoded_losses(decoder, ids, rule, runtime,
                                                                                  block_rows)))
     return paths

@@ -5,7 +5,8 @@
 Methods: sdpa-flash, sdpa-cudnn (torch.nn.attention.sdpa_kernel), fox (FlexAttention), fpa (fused,
 no skipping), fpa-skip10 (skip_threshold=-10), the other FPA variants, fused: fpa-query (query level),
 fpa-dipsum (dip-sum reduction), fpa-docs (document masking: packed documents of geometric length, mean 1024
-tokens; SDPA-flash, its reference, attends across them), selective and dcp (layer-shared bias through SDPA).
+tokens; SDPA-flash, its reference, attends across them), selective and dcp (layer-shared bias through SDPA),
+selective-fused (Selective Attention's Triton kernel, no (T, T) bias).
 Inputs are fresh random non-zero tensors, bf16; FPA uses realistic walks: increments δ with a
 negative mean (−0.02 per token) and noise (0.3), φ = W + g, ψ = W + h, β = 1, so most old keys are
 dead, as in a trained model. Every time is also printed as a ratio to sdpa-flash from the same run.
@@ -93,6 +94,12 @@ def make_methods(B, T, H, D, device):
         q, k, v = qkv()
         return (lambda: selective_attention_gpu(q, k, v)), (q, k, v)
 
+    def selective_fused():
+        from fpa_lightning.ops.selective import selective_attention_fused
+
+        q, k, v = qkv()
+        return (lambda: selective_attention_fused(q, k, v)), (q, k, v)
+
     def dcp(r=32):
         from fpa_lightning.ops.dcp import dcp_attention_gpu
 
@@ -102,6 +109,7 @@ def make_methods(B, T, H, D, device):
         return (lambda: dcp_attention_gpu(q, k, v, qi, ki, offset)), (q, k, v, qi, ki, offset)
 
     methods["selective"] = selective
+    methods["selective-fused"] = selective_fused
     methods["dcp"] = dcp
     return methods
 

@@ -22,10 +22,11 @@ from fpa_lightning.ops.fpa.fused import fpa_attention as fused_fpa_attention
 from fpa_lightning.ops.fpa.naive import fpa_bias
 from fpa_lightning.ops.selective import (
     selection_scores,
-    selective_attention_gpu,
+    selective_attention_fused,
     selective_bias,
     selective_bias_block,
 )
+from fpa_lightning.ops.selective.fused import HEAD_DIMS as SELECTIVE_FUSED_HEAD_DIMS
 
 
 def fp32_linear(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -67,6 +68,7 @@ class AlibiBackend(AttentionBackend):
 # function is launched as is, and FlexAttention is compiled on its own (with its own length handling).
 _fused_fpa = torch.compiler.disable(fused_fpa_attention)
 _fox_flex = torch.compiler.disable(fox_flex_attention)
+_fused_selective = torch.compiler.disable(selective_attention_fused)
 
 
 def _running_sum(values: torch.Tensor, segment_ids: torch.Tensor | None) -> torch.Tensor:
@@ -142,6 +144,7 @@ class FpaBackend(AttentionBackend):
 
     has_bias = True
     fused_needs_cuda = True
+    fused_vmappable = True  # the kernel's vmap rule folds the mapped axis into its heads
 
     def __init__(self, cfg, d_model, n_head, head_dim):
         super().__init__(cfg, d_model, n_head, head_dim)
@@ -253,8 +256,14 @@ class SelectiveBackend(AttentionBackend):
         first_tokens = None if segment_ids is None else document_first_tokens(segment_ids)
         return selective_bias_block(ingredients["q0"], ingredients["k0"], lo, hi, carry, self.scale, first_tokens)
 
+    def fused_unsupported_reason(self):
+        if self.head_dim not in SELECTIVE_FUSED_HEAD_DIMS:
+            return f"the Triton kernel supports head dims {SELECTIVE_FUSED_HEAD_DIMS}, got {self.head_dim}"
+        return super().fused_unsupported_reason()
+
     def fused(self, q, k, v, ingredients, segment_ids=None):
-        return selective_attention_gpu(q, k, v, scale=self.scale, segment_ids=segment_ids)
+        # the Triton kernel: the (T, T) bias is never materialised (BENCHMARKS.md, "Attention kernels")
+        return _fused_selective(q, k, v, scale=self.scale, segment_ids=segment_ids)
 
     # decoding: per cached key its selection so far F_s = Σ_{t'<t} S[t', s], one scalar for all heads
     shared_key_state = True

@@ -91,6 +91,10 @@ class AttentionBackend(nn.Module):
 
     has_bias = False
     fused_needs_cuda = False  # SDPA runs on any device
+    fused_vmappable = False
+    """Whether the fused path runs under ``torch.func.vmap``: the FPA kernel's does (its vmap rule). SDPA's does
+    not: under vmap its float32 backward on an H200 (torch 2.11) stops with "LSE is not correctly aligned
+    (strideH)". The probes' seed ensembles vmap a model only when every layer's implementation can."""
 
     def __init__(self, cfg, d_model: int, n_head: int, head_dim: int):
         """cfg: the model's ``AttentionConfig`` (``fpa_lightning.attention.config``)."""

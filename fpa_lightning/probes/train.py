@@ -160,6 +160,14 @@ def make_model(probe: Probe, variant: Variant, shape: Shape, impl: str = "naive"
     return ProbeModel(probe.vocab_size, probe.n_classes, shape, attention, probe.reads_token)
 
 
+def runs_under_vmap(model: ProbeModel, device: torch.device) -> bool:
+    """Whether every attention layer of `model` runs under ``torch.func.vmap`` on `device`: the naive (dense) path
+    always, the fused path where its backend says so (``AttentionBackend.fused_vmappable``); the chunked path is not
+    run under vmap. One launch per layer then serves every seed, where a loop over 15 seeds launches 15."""
+    implementations = [(layer.backend, layer.backend.resolve_impl(device)) for layer in model.layers]
+    return all(impl == "naive" or (impl == "fused" and backend.fused_vmappable) for backend, impl in implementations)
+
+
 def per_seed_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """logits (E, B, T, K), labels (E, B, T) -> (E,) mean cross-entropy over scored positions."""
     losses = F.cross_entropy(logits.flatten(0, 2).float(), labels.flatten().clamp(min=0), reduction="none")
@@ -189,12 +197,14 @@ def train_row(probe: Probe, variant: Variant, shape: Shape, seeds: list[int], bu
     """Train every seed of one row together on `probe` and score it on held-out sequences of `test_probe` (default:
     `probe`); `progress(step, mean loss)` is called every few steps. impl: the attention implementation; "naive"
     trains the seeds as one vmapped model, any other (for long sequences: "auto" takes the backend's fused kernel on
-    a GPU) runs them one after another within each step, since a Triton kernel cannot run under vmap."""
+    a GPU) runs them as one vmapped model too where every layer's implementation allows it (``runs_under_vmap``: the
+    FPA kernel does), and otherwise one after another within each step."""
     started = time.time()
     pool, test = row_data(probe, budget, test_probe)
     pool, test = pool.to(device), test.to(device)
     pool_size = pool.tokens.shape[0]
-    ensemble = SeedEnsemble(lambda: make_model(probe, variant, shape, impl), seeds, vmapped=impl == "naive").to(device)
+    ensemble = SeedEnsemble(lambda: make_model(probe, variant, shape, impl), seeds).to(device)
+    ensemble.vmapped = runs_under_vmap(ensemble.template, device)
     if not variant.content_retrieval:
         ensemble.zero_queries()
     optimizer = torch.optim.AdamW(ensemble.decay_groups(budget.weight_decay), lr=budget.lr, betas=(0.9, 0.98))

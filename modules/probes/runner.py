@@ -66,9 +66,9 @@ def merge_chunks(group: Group, backend: str, seeds: list[int], budget: Budget, d
 
 
 def seed_chunks(group: Group, seeds: list[int], chunks_per_row: int) -> list[list[int]]:
-    """The seeds of one row split for the worker pool. A naive row trains its seeds as one vmapped model, so it stays
-    one job; a fast-path row (``Group.impl``) runs its seeds one after another (``train_row``) and each seed trains
-    exactly as it would alone (``SeedEnsemble``), so it splits into `chunks_per_row` contiguous chunks."""
+    """The seeds of one row split for the worker pool. A naive row stays one job, one vmapped model; a fast-path row
+    (``Group.impl``) splits into `chunks_per_row` contiguous chunks. Each seed trains exactly as it would alone
+    (``SeedEnsemble``), vmapped or not, so the chunks' merged record is the whole row's."""
     if group.impl == "naive" or chunks_per_row <= 1:
         return [list(seeds)]
     n = min(chunks_per_row, len(seeds))

@@ -38,8 +38,9 @@ class Group:
     group trains at one setting and tests at another, e.g. longer dips (``train.row_data``). None: `probe`."""
     impl: str = "naive"
     """The attention implementation of the group's models: "naive" (every seed in one vmapped model, the default),
-    or "auto" for long sequences (the backend's fast path, seeds one after another; ``train.train_row``): the
-    naive (T, T) biases of 15 seeds × 128 sequences of 256–512 tokens do not train in a lease's time."""
+    or "auto" for long sequences (the backend's fast path: vmapped too where it can be, else seeds one after another;
+    ``train.train_row``): the naive (T, T) biases of 15 seeds × 128 sequences of 256–512 tokens do not train in a
+    lease's time."""
 
     def __post_init__(self):
         unknown = [b for b in self.backends if b not in VARIANTS]

@@ -424,6 +424,63 @@ def test_64_row_tiles_match_reference(name, skip, monkeypatch):
                             **({} if skip is None else {"skip_threshold": skip}))
 
 
+def _copies(E, B, T, H, D, *, dtype, device, seed):
+    """E independent copies of the op's inputs stacked on a leading axis, plus an output gradient."""
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v, do = (torch.randn(E, B, T, H, D, generator=gen) for _ in range(4))
+    W = torch.randn(E, B, T, H, generator=gen).cumsum(2)
+    phi, psi = (W + 0.5 * torch.randn(E, B, T, H, generator=gen) for _ in range(2))
+    beta = 0.5 + torch.rand(E, H, generator=gen)
+    inputs = [t.to(device=device, dtype=dtype if i < 3 else torch.float32).requires_grad_()
+              for i, t in enumerate((q, k, v, phi, psi, beta))]
+    return inputs, do.to(device=device, dtype=dtype)
+
+
+def check_vmap_equals_loop(E, B, T, H, D, *, dtype, device, seed, segment_ids=None, **kw):
+    """vmap over E copies (the vmap rule folds them into the heads) against a loop over the copies: the same output
+    and the same q, k, v, phi and psi gradients bit for bit, since each (batch, head) program computes what it
+    computes alone; dbeta is a sum over batch and positions per head, which folding into heads reorders."""
+    inputs, do = _copies(E, B, T, H, D, dtype=dtype, device=device, seed=seed)
+    op = lambda *a: fpa_attention(*a, segment_ids=segment_ids, **kw)  # noqa: E731
+    mapped = torch.func.vmap(op)(*inputs)
+    mapped.backward(do)
+    grads_mapped = [t.grad for t in inputs]
+    for t in inputs:
+        t.grad = None
+    looped = torch.stack([op(*(t[e] for t in inputs)) for e in range(E)])
+    looped.backward(do)
+    assert torch.equal(mapped, looped)
+    for name, a, b in zip(NAMES[1:6], grads_mapped, (t.grad for t in inputs)):
+        assert torch.equal(a, b), name
+    torch.testing.assert_close(grads_mapped[5], inputs[5].grad, rtol=1e-5, atol=1e-6)
+    with torch.no_grad():  # no gradient wanted: the rule's forward keeps no float32 copy and still agrees
+        assert torch.equal(torch.func.vmap(op)(*inputs), looped)
+
+
+@pytest.mark.parametrize("variant", [{}, {"reduction": "dipsum"}, {"level": "query", "skip_threshold": -2.0}],
+                         ids=["min", "dipsum", "query-skip"])
+def test_vmap_over_copies_equals_a_loop(variant):
+    check_vmap_equals_loop(3, 2, 21, 2, 16, dtype=torch.float32, device=DEV, seed=5, **variant)
+
+
+def test_vmap_with_shared_documents_and_unmapped_inputs():
+    ids = documents(2, 19, seed=3)
+    check_vmap_equals_loop(2, 2, 19, 1, 16, dtype=torch.float32, device=DEV, seed=6, segment_ids=ids)
+    # beta shared by every copy (not mapped) is broadcast, and its gradient sums over the copies
+    inputs, do = _copies(2, 1, 18, 2, 16, dtype=torch.float32, device=DEV, seed=7)
+    beta = inputs[5][0].detach().clone().requires_grad_()
+    mapped = torch.func.vmap(lambda q, k, v, p, s: fpa_attention(q, k, v, p, s, beta))(*inputs[:5])
+    mapped.backward(do)
+    grad_mapped, beta.grad = beta.grad, None
+    looped = torch.stack([fpa_attention(*(t[e] for t in inputs[:5]), beta) for e in range(2)])
+    looped.backward(do)
+    assert torch.equal(mapped, looped)
+    torch.testing.assert_close(grad_mapped, beta.grad, rtol=1e-6, atol=1e-6)  # summed in another order
+    with pytest.raises(NotImplementedError, match="segment_ids"):
+        torch.func.vmap(lambda q, ids: fpa_attention(q, q, q, inputs[3][0], inputs[4][0], inputs[5][0],
+                                                     segment_ids=ids))(inputs[0].detach(), torch.stack([documents(1, 18, seed=3)] * 2))
+
+
 # ------------------------------------------------------------------------------------------------
 # GPU
 # ------------------------------------------------------------------------------------------------
@@ -442,6 +499,12 @@ def test_gpu_bf16_random_shapes(shape):
     seed = hash(shape) % 1000
     inputs, do = make_inputs(B, T, H, D, drift=-0.05 * (seed % 3), step=1.0, seed=seed)
     check_against_reference(inputs, do, torch.bfloat16, "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", [{}, {"reduction": "dipsum"}], ids=["min", "dipsum"])
+def test_gpu_vmap_over_copies_equals_a_loop(variant):
+    check_vmap_equals_loop(15, 4, 512, 2, 32, dtype=torch.bfloat16, device="cuda", seed=8, **variant)
 
 
 @pytest.mark.gpu

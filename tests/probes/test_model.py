@@ -7,7 +7,7 @@ import torch
 from _probe_reference import held_out_accuracy
 from fpa_lightning.probes.ladder import Ladder
 from fpa_lightning.probes.model import SeedEnsemble, Shape, variant
-from fpa_lightning.probes.train import Budget, make_model, per_seed_loss, train_row
+from fpa_lightning.probes.train import Budget, make_model, per_seed_loss, runs_under_vmap, train_row
 
 PROBE = Ladder(r=6)
 
@@ -123,3 +123,33 @@ def test_a_group_with_a_fast_implementation_trains_through_it():
     assert not run.ensemble.vmapped and len(run.accuracies) == 2
     layer = run.ensemble.template.layers[0]
     assert layer.backend.cfg.impl == "auto" and layer.backend.resolve_impl(torch.device("cpu")) != "naive"
+
+
+@pytest.mark.parametrize("backend, impl, vmapped", [
+    ("fpa", "naive", True), ("fox", "naive", True),  # the dense path always
+    ("sdpa", "auto", False),  # SDPA, the fused path on any device, is not run under vmap
+    ("fpa", "auto", False), ("fpa_nobias1", "auto", False),  # the chunked path on a CPU: seeds one after another
+])
+def test_seed_ensembles_vmap_only_implementations_that_can(backend, impl, vmapped):
+    model = make_model(PROBE, variant(backend), Shape(heads=2, head_dim=16, layers=2, width=32), impl=impl)
+    assert runs_under_vmap(model, torch.device("cpu")) is vmapped
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["fpa"])
+def test_gpu_fused_ensemble_runs_under_vmap_and_equals_the_loop(backend):
+    """On a GPU FPA runs its fused kernel under vmap (one launch for every seed): the same outputs and gradients as
+    the seeds one after another through the same kernel. (SDPA is not vmapped: ``AttentionBackend.fused_vmappable``.)"""
+    shape = Shape(heads=2, head_dim=32, layers=2, width=64, mlp=64, norm=True)
+    make = lambda: make_model(PROBE, variant(backend), shape, impl="auto")  # noqa: E731
+    vmapped, looped = SeedEnsemble(make, seeds=[0, 1, 2]).cuda(), SeedEnsemble(make, seeds=[0, 1, 2], vmapped=False).cuda()
+    assert runs_under_vmap(vmapped.template, torch.device("cuda"))
+    assert vmapped.template.layers[-1].backend.resolve_impl(torch.device("cuda")) == "fused"
+    batch = PROBE.sample(64, torch.Generator().manual_seed(0))
+    tokens, labels = batch.tokens.cuda().expand(3, -1, -1), batch.labels.cuda().expand(3, -1, -1)
+    out_v, out_l = vmapped(tokens), looped(tokens)
+    torch.testing.assert_close(out_l, out_v, atol=1e-5, rtol=1e-5)
+    per_seed_loss(out_v, labels).sum().backward()
+    per_seed_loss(out_l, labels).sum().backward()
+    for a, b in zip(vmapped.stacked, looped.stacked):
+        torch.testing.assert_close(b.grad, a.grad, atol=1e-5, rtol=1e-5)

@@ -202,6 +202,10 @@ def _dip_carry(phip, psip, seg_tables, B, H, Tp, nB, cx, skip):
     return carry
 
 
+_N_PREP = 9
+"""Buffers `_prep` returns."""
+
+
 class _FPAFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, phi, psi, beta, scale, skip_threshold, reduction, level, segment_ids):
@@ -300,6 +304,73 @@ class _FPAFunction(torch.autograd.Function):
         return dq, dk, dv, dphi_out, dpsi_out, dbeta_out.to(beta.dtype), None, None, None, None, None
 
 
+
+class _SavedByForward:
+    """What `_FPAFunction.forward` reads from and writes to its ctx, for calling it from `_FPAVmappable`."""
+
+    def __init__(self, store32: bool):
+        self.needs_input_grad = (store32,) * 6 + (False,) * 5
+
+    def save_for_backward(self, *tensors):
+        self.saved_tensors = tensors
+
+
+_N_SAVED_INPUTS = 4
+"""q, k, v and beta open `_FPAFunction`'s saved tensors; the buffers its forward made follow."""
+
+
+class _FPAVmappable(torch.autograd.Function):
+    """`_FPAFunction` in the ``setup_context`` form, which ``torch.func.vmap`` requires, with a vmap rule: the mapped
+    axis folds into the heads (every (batch, head) pair is an independent program), so a vmapped model (the probes'
+    ``SeedEnsemble``, seeds stacked) runs one launch for all its copies. The same forward and backward code: the
+    buffers the backward needs leave the forward as extra, non-differentiable outputs. Used only under a functorch
+    transform; plain calls keep `_FPAFunction`, without the extra outputs' overhead."""
+
+    @staticmethod
+    def forward(q, k, v, phi, psi, beta, scale, skip_threshold, reduction, level, segment_ids, store32):
+        saved = _SavedByForward(store32)
+        o = _FPAFunction.forward(saved, q, k, v, phi, psi, beta, scale, skip_threshold, reduction, level, segment_ids)
+        return (o, *saved.saved_tensors[_N_SAVED_INPUTS:], *(saved.seg_tables or ()))
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        q, k, v, _, _, beta, scale, skip_threshold, reduction, level, segment_ids, _ = inputs
+        n_buffers = 2 + _N_PREP  # o32, lse and the field tables
+        ctx.mark_non_differentiable(*output[1:])
+        ctx.save_for_backward(q, k, v, beta, *output[1:1 + n_buffers])
+        ctx.seg_tables = tuple(output[1 + n_buffers:]) or None
+        cx = _constexprs(q.shape[-1], q.dtype, skip=skip_threshold is not None, level=level, reduction=reduction,
+                         segments=segment_ids is not None)
+        ctx.cfg = (scale, skip_threshold, reduction, cx)
+
+    @staticmethod
+    def backward(ctx, do, *_buffers):  # _buffers: (zero) gradients of the non-differentiable outputs
+        return (*_FPAFunction.backward(ctx, do), None)
+
+    @staticmethod
+    def vmap(info, in_dims, q, k, v, phi, psi, beta, scale, skip_threshold, reduction, level, segment_ids, store32):
+        """The mapped axis (size E) becomes E times as many heads: q, k, v (E, B, T, H, D) -> (B, T, E*H, D);
+        phi, psi (E, B, T, H) -> (B, T, E*H); beta (E, H) -> (E*H,). Document ids must be shared by the copies."""
+        if in_dims[10] is not None:
+            raise NotImplementedError("fpa_attention under vmap: segment_ids must be the same for every mapped "
+                                      "copy (not mapped)")
+        E = info.batch_size
+
+        def leading(x, dim):  # the mapped axis first, a broadcast copy where x is not mapped
+            return x.movedim(dim, 0) if dim is not None else x.expand(E, *x.shape)
+
+        q, k, v, phi, psi, beta = (leading(x, d) for x, d in zip((q, k, v, phi, psi, beta), in_dims[:6]))
+        H = q.shape[3]
+        heads = lambda x: x.movedim(0, 2).flatten(2, 3)  # noqa: E731  (E, B, T, H, ...) -> (B, T, E*H, ...)
+        # here the tensors are the real ones: whether the backward needs the float32 output can be read off them
+        store32 = store32 or (torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v, phi, psi, beta)))
+        out = _FPAVmappable.apply(heads(q), heads(k), heads(v), heads(phi).contiguous(), heads(psi).contiguous(),
+                                  beta.flatten().contiguous(), scale, skip_threshold, reduction, level, segment_ids,
+                                  store32)
+        o = out[0].unflatten(2, (E, H)).movedim(2, 0)  # (E, B, T, H, D)
+        return (o, *out[1:]), (0,) + (None,) * (len(out) - 1)
+
+
 def _check(q, k, v, phi, psi, beta, scale, skip_threshold, reduction, level, segment_ids):
     tensors = {"q": q, "k": k, "v": v, "phi": phi, "psi": psi, "beta": beta}
     for name, t in tensors.items():
@@ -381,5 +452,11 @@ def fpa_attention(
     if v.stride(-1) != 1:
         v = v.contiguous()
     # one set of strides serves phi and psi in the kernels
-    return _FPAFunction.apply(q, k, v, phi.contiguous(), psi.contiguous(), beta.contiguous(), scale, skip_threshold,
-                              reduction, level, segment_ids)
+    phi, psi, beta = phi.contiguous(), psi.contiguous(), beta.contiguous()
+    # the test autograd.Function.apply itself uses to route a call through functorch
+    if torch._C._are_functorch_transforms_active():
+        # inside vmap these tensors do not report requires_grad; the vmap rule reads it off the real ones
+        store32 = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v, phi, psi, beta))
+        return _FPAVmappable.apply(q, k, v, phi, psi, beta, scale, skip_threshold, reduction, level, segment_ids,
+                                   store32)[0]
+    return _FPAFunction.apply(q, k, v, phi, psi, beta, scale, skip_threshold, reduction, level, segment_ids)

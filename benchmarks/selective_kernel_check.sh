@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU check of the fused Selective Attention kernel (issue #25, item 1) in one command, from the repository root:
-#   bash benchmarks/candidates/selective_fused_check.sh [results folder] [shapes]
+#   bash benchmarks/selective_kernel_check.sh [results folder] [shapes]
 #   1. the kernel's GPU tests (tests/ops/test_selective_fused.py -m gpu: bf16 shapes with and without documents,
 #      fp16/fp32, head groups, NaN-poisoned buffers and determinism, the scan prefix), in two processes so that
 #      Triton's compilation overlaps;
@@ -10,7 +10,7 @@
 #      fpa_lightning/ops/selective/fused.py only): the key-major backward on 64-query tiles instead of 32, the
 #      in-tile prefix as a scan instead of a triangular matmul, a 128-row forward tile on 8 warps, and all heads in one
 #      program group or one head per group (the default picks the fewest groups giving 4 programs per SM).
-# Nothing here changes the backend: SelectiveBackend still runs selective_attention_gpu.
+# SelectiveBackend runs this kernel; step 3 (not yet run on a GPU) is the A/B that would tune its launch choices.
 set -uo pipefail
 out=${1:-selective_results}
 shapes=${2:-8x2048,4x4096,2x8192,1x16384}

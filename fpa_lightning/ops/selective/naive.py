@@ -1,4 +1,4 @@
-"""Selective Attention (Leviathan et al. 2024), docs/method.md.
+"""Selective Attention (Leviathan et al. 2024), docs/method.md: the readable definition.
 
 Selection logits S come from one head's attention logits (head 0), ReLU, with the BOS column (key 0) and
 the diagonal zeroed; F[t, s] = Σ_{t'<t} S[t', s] (shifted so a token only masks later queries) is
@@ -7,6 +7,10 @@ subtracted from every head's logits (layer-shared). bias = −F, (B, 1, T, T).
 Document masking (segment_ids (B, T)): every document's first token plays the BOS role (never selected) and keys
 of other documents are −inf; F of a same-document pair only sums queries between them, so it never crosses a
 boundary.
+
+Everything here materialises (T, T) tensors and runs in any dtype (float64 for references). The fused Triton
+kernel (fused.py) computes the same attention without the (T, T) bias; ``selective_attention_gpu`` (sdpa.py)
+feeds the materialised bias to SDPA.
 """
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from fpa_lightning.ops.blockwise import query_cumsum_block
-from fpa_lightning.ops.common import document_first_tokens, same_document
+from fpa_lightning.ops.common import dense_attention, document_first_tokens, same_document
 
 
 def selection_scores(q0: torch.Tensor, k0: torch.Tensor, scale: float) -> torch.Tensor:
@@ -59,11 +63,11 @@ def selective_bias_block(q0, k0, lo: int, hi: int, carry, scale: float, first_to
     return -rows[:, None], carry
 
 
-def selective_attention_gpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float | None = None,
-                            segment_ids: torch.Tensor | None = None):
-    """Fast path: one layer-shared (B, 1, T, T) bias (not one per head) fed to SDPA's memory-efficient kernel."""
-    bias = selective_bias(q, k, scale=scale, segment_ids=segment_ids).to(q.dtype)
-    out = F.scaled_dot_product_attention(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=bias, scale=scale
-    )
-    return out.transpose(1, 2)
+def selective_attention_naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float | None = None,
+                              segment_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """The definition, materialised: softmax(q·kᵀ·scale − F, causal)·v with the layer-shared F of head 0.
+    q, k, v: (B, T, H, D) in any dtype (float64 for references); segment_ids (B, T) or None. Returns (B, T, H, D).
+    Gradients reach head 0's q and k through F as well."""
+    bias = selective_bias(q, k, scale=scale, segment_ids=segment_ids)
+    return dense_attention(q, k, v, bias, scale=scale, segment_ids=segment_ids)
+

@@ -1,0 +1,307 @@
+"""Fused Selective Attention (Triton): the definition of naive.py without the (T, T) bias.
+
+    selective_attention_fused(q, k, v, *, scale=None, segment_ids=None) -> (B, T, H, D)
+
+q, k, v: (B, T, H, D) in bf16, fp16 or fp32, head dim 16, 32, 64 or 128. Head 0 selects: S[t', s] =
+ReLU(scale·q0[t']·k0[s]) for s < t' and selectable s (not key 0; with segment_ids not a document's first token);
+F[t, s] = Σ_{t'<t} S[t', s] is subtracted from every head's logits, causal, and with segment_ids (B, T) only keys
+of the query's own document are seen. Gradients for q, k, v, head 0's q and k receiving the gradient through F as
+well. Anything else (dtype, head dim, shapes, device) raises ValueError; there is no silent fallback.
+
+Memory besides q, k, v and the output, all fp32 (T_p: T padded to whole tiles; tile sizes in ``_tiles``: on the
+GPU the forward's tables have rows of BT = 64 queries, the backward's of BT = 32; G: head groups of the backward,
+``_head_groups``):
+  - carry table CF (B, T_p/BT, T_p): for every BT-th query row, the column sums of S over all earlier queries,
+    computed key-major by one kernel. B·T²/BT·4 bytes, e.g. per sequence of T = 16384: 16 MiB in the forward and
+    32 MiB in the backward (T = 4096: 1 and 2 MiB). The materialised bias of the SDPA path is 512 MiB (bf16) per
+    sequence at 16384. The table is rebuilt in the backward, not kept: between the passes only the log-sum-exp
+    (B·H, T_p) is saved, as in flash attention.
+  - backward: the reverse carry RC (the same table over later queries), once per head group plus their sum when
+    G > 1, i.e. (G + 1)·B·T²/BT·4 bytes (G = 3 at 1 × 16384 on an H200: 128 MiB); Δ (B, H, T_p); head 0's
+    gradient partials (B, G, T_p, D) for q and k.
+Precision: every accumulation is fp32; with bf16/fp16 inputs the matmuls of fp32 operands (the in-tile prefix and
+suffix sums over queries) run in tf32, with fp32 inputs in full fp32 (a correctness path, slow on the GPU).
+The carry has to be a table (or a sequential walk over query tiles): F sums a nonlinear function of (query, key)
+pairs, so unlike FPA's path minimum it does not factor into per-query and per-key vectors. The kernels never hold
+more than one tile of S, F or their gradients.
+
+Layout follows ops/fpa: input checks here, one autograd.Function, kernels in kernels.py.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import triton
+
+from fpa_lightning.ops.common import document_first_tokens
+from fpa_lightning.ops.selective import kernels
+
+HEAD_DIMS = (16, 32, 64, 128)
+"""Head dims the kernels are built for."""
+QKV_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+# Test hook, for tests only: when True, every output and scratch buffer starts as NaN, so an element a kernel forgets
+# to write (or a read of one never written) shows up in the result instead of hiding behind torch.empty's leftovers.
+TEST_HOOK_POISON_OUTPUTS = False
+
+# Launch configs on the GPU, not yet tuned by an A/B (benchmarks/selective_kernel_check.sh, step 3): one warpgroup
+# per tile, as the FPA kernels use; at D = 128 the backward kernels take 8 warps (their three (64, 128) fp32
+# accumulators spill heavily at 4, in an offline sm_90a compile).
+_LAUNCH = {
+    "carry": {"num_warps": 4, "num_stages": 2},
+    "fwd": {"num_warps": 4, "num_stages": 2},
+    "bwd_kv": {"num_warps": 4, "num_stages": 2},
+    "bwd_q": {"num_warps": 4, "num_stages": 2},
+}
+_WARPS_D128 = {"bwd_kv": 8, "bwd_q": 8}
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name)
+    return int(value) if value else None
+
+
+def _tiles() -> dict:
+    """Tile sizes, powers of two >= 16: {"fwd": (BM, BN), "bwd": (BT, BN, BM)}. The forward's query tile BM is its
+    carry table's granularity. In the backward, BT is the key-major kernel's query tile and both tables' granularity,
+    BN the key tile of every backward kernel, and BM the query-major kernel's query tile (a multiple of BT). GPU:
+    64 x 64 forward; backward 32-query tiles in the key-major kernel (its three (BN, D) accumulators leave little
+    room: at 64 it spills, in an offline sm_90a compile) and 64 x 64 in the query-major one. The interpreter: 16
+    everywhere (its tests stay tiny). SEL_FWD_BM, SEL_FWD_BN, SEL_BWD_BT, SEL_BWD_BN, SEL_BWD_BM override them (for
+    A/B benchmarks only)."""
+    if _interpreting():
+        fwd, bwd = (16, 16), (16, 16, 16)
+    else:
+        fwd, bwd = (64, 64), (32, 64, 64)
+    fwd = tuple(_env_int(f"SEL_FWD_{n}") or v for n, v in zip(("BM", "BN"), fwd))
+    bwd = tuple(_env_int(f"SEL_BWD_{n}") or v for n, v in zip(("BT", "BN", "BM"), bwd))
+    return {"fwd": fwd, "bwd": bwd}
+
+
+def _check_tiles(tiles: dict) -> None:
+    for size in (*tiles["fwd"], *tiles["bwd"]):
+        if size < 16 or size & (size - 1):
+            raise ValueError(f"selective_attention_fused: tile sizes must be powers of two >= 16, got {tiles}")
+    BT, _, BM = tiles["bwd"]
+    if BM % BT:
+        raise ValueError(f"selective_attention_fused: the backward's query tile must be a multiple of BT, got {tiles}")
+
+
+def _prefix_by_dot() -> bool:
+    """The in-tile prefix and suffix sums over queries: True = a triangular matmul (tensor cores), False = a scan
+    (tl.cumsum). SEL_PREFIX=scan selects the scan, for A/B benchmarks only."""
+    return os.environ.get("SEL_PREFIX", "dot") != "scan"
+
+
+def _head_groups(B: int, H: int, nJ: int, device: torch.device) -> int:
+    """How many head groups the backward kernels run (a divisor of H): each program loops over H / G heads. Fewer
+    groups use less memory (the reverse-carry table is stored once per group), more give more programs. On the GPU:
+    the fewest groups that give at least 4 programs per SM; in the interpreter one group (the head loop is tested).
+    SEL_HEAD_GROUPS overrides it (A/B benchmarks)."""
+    forced = _env_int("SEL_HEAD_GROUPS")
+    if forced is not None:
+        if forced < 1 or H % forced:
+            raise ValueError(f"SEL_HEAD_GROUPS must divide H = {H}, got {forced}")
+        return forced
+    if _interpreting() or device.type != "cuda":
+        return 1
+    target = 4 * torch.cuda.get_device_properties(device).multi_processor_count
+    for groups in range(1, H + 1):
+        if H % groups == 0 and B * nJ * groups >= target:
+            return groups
+    return H
+
+
+def _launch_cfg(kernel: str, D: int) -> dict:
+    """Launch config of a kernel; SEL_<KERNEL>_{WARPS,STAGES} override it (A/B benchmarks only)."""
+    if _interpreting():
+        return {}
+    cfg = dict(_LAUNCH[kernel])
+    if D >= 128 and kernel in _WARPS_D128:
+        cfg["num_warps"] = _WARPS_D128[kernel]
+    for key, suffix in (("num_warps", "WARPS"), ("num_stages", "STAGES")):
+        value = _env_int(f"SEL_{kernel.upper()}_{suffix}")
+        if value is not None:
+            cfg[key] = value
+    return cfg
+
+
+def _empty(shape, *, dtype, device):
+    if TEST_HOOK_POISON_OUTPUTS:
+        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def _document_ids(segment_ids: torch.Tensor, Tp: int):
+    """Document ids padded to (B, Tp) int32 (the padding repeats the last id, so tile minima and maxima stay those of
+    real positions) and the selectable keys (B, Tp) int8: not a document's first token, nor padding."""
+    B, T = segment_ids.shape
+    seg = segment_ids.to(torch.int32)
+    if Tp > T:
+        seg = torch.cat([seg, seg[:, -1:].expand(B, Tp - T)], dim=1)
+    keep = torch.zeros(B, Tp, dtype=torch.int8, device=segment_ids.device)
+    keep[:, :T] = (~document_first_tokens(segment_ids)).to(torch.int8)
+    return seg.contiguous(), keep
+
+
+def _tile_bounds(seg: torch.Tensor, T: int, BM: int, BN: int):
+    """For query tiles of BM rows and key tiles of BN columns: jlo (B, nI) int32, the lowest key tile that can share
+    a document with query tile I, and ihi (B, nJ) int32, the highest query tile that can share one with key tile J.
+    From tile minima and maxima of the ids, so both hold for any ids (tight for contiguous documents); no host
+    synchronisation."""
+    B = seg.shape[0]
+    nI, nJ = triton.cdiv(T, BM), triton.cdiv(T, BN)
+    qmin = seg[:, : nI * BM].view(B, nI, BM).amin(dim=-1)
+    kmax = seg[:, : nJ * BN].view(B, nJ, BN).amax(dim=-1)
+    # key tile J can hold query tile I's ids only if kmax[J] >= qmin[I]: the first J where the running max reaches it
+    jlo = torch.searchsorted(kmax.cummax(dim=-1).values.contiguous(), qmin.contiguous(), side="left")
+    # query tile I can hold key tile J's ids only if qmin[I] <= kmax[J]: the last I whose suffix minimum allows it
+    suffix_min = qmin.flip(-1).cummin(dim=-1).values.flip(-1).contiguous()
+    ihi = torch.searchsorted(suffix_min, kmax.contiguous(), side="right") - 1
+    return jlo.to(torch.int32).contiguous(), ihi.to(torch.int32).contiguous()
+
+
+def _carry_table(q, k, keep, T, Tp, BT, BN, QM, scale, cx):
+    """CF (B, Tp / BT, Tp) fp32: CF[r, s] = Σ_{t' < r·BT} S[t', s], written from the first row that a reader's query
+    tile of QM rows holding key s starts at (earlier rows are never read)."""
+    B = q.shape[0]
+    nT = Tp // BT
+    cf = _empty((B, nT, Tp), dtype=torch.float32, device=q.device)
+    kernels._sel_carry_kernel[(triton.cdiv(T, BN), B)](
+        q, k, cf, keep, q.stride(0), q.stride(1), k.stride(0), k.stride(1), T, Tp, nT, scale,
+        BT=BT, BN=BN, QM=QM, **cx, **_launch_cfg("carry", cx["D"]),
+    )
+    return cf
+
+
+class _SelectiveFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, scale, segment_ids):
+        B, T, H, D = q.shape
+        tiles = _tiles()
+        _check_tiles(tiles)
+        (BM, BN), (BT_b, BN_b, BM_b) = tiles["fwd"], tiles["bwd"]
+        Tp = triton.cdiv(T, max(BM, BN, BT_b, BN_b, BM_b)) * max(BM, BN, BT_b, BN_b, BM_b)
+        dev = q.device
+        seg = segment_ids is not None
+        cx = {"D": D, "PREC": "ieee" if q.dtype == torch.float32 else "tf32", "SEG": seg}
+        dot = _prefix_by_dot()
+        ids, keep = _document_ids(segment_ids, Tp) if seg else (None, None)
+        jlo = _tile_bounds(ids, T, BM, BN)[0] if seg else None
+        o = _empty((B, T, H, D), dtype=q.dtype, device=dev)
+        lse = _empty((B * H, Tp), dtype=torch.float32, device=dev)
+        dummy = lse  # stands for the tables a variant without documents never reads
+        cf = _carry_table(q, k, keep if seg else dummy, T, Tp, BM, BN, BM, scale, cx)  # freed after the forward
+        kernels._sel_fwd_kernel[(triton.cdiv(T, BM), B * H)](
+            q, k, v, o, lse, cf, keep if seg else dummy, ids if seg else dummy, jlo if seg else dummy,
+            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
+            T, H, Tp, Tp // BM, triton.cdiv(T, BN), scale,
+            BM=BM, BN=BN, RATIO=1, DOT=dot, **cx, **_launch_cfg("fwd", cx["D"]),
+        )
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.documents = (ids, keep) if seg else None
+        ctx.cfg = (scale, cx, dot, tiles["bwd"], Tp)
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse = ctx.saved_tensors
+        scale, cx, dot, (BT, BN, BM), Tp = ctx.cfg
+        B, T, H, D = q.shape
+        dev = q.device
+        seg = ctx.documents is not None
+        dummy = lse
+        ids, keep = ctx.documents if seg else (dummy, dummy)
+        if seg:
+            jlo_later = _tile_bounds(ids, T, BM, BN)[0]  # then its suffix minimum: tile I or any later one
+            jlo_later = jlo_later.flip(-1).cummin(dim=-1).values.flip(-1).contiguous()
+            ihi = _tile_bounds(ids, T, BT, BN)[1]
+        else:
+            jlo_later = ihi = dummy
+        if do.stride(-1) != 1:
+            do = do.contiguous()
+        nT, nJ = Tp // BT, triton.cdiv(T, BN)
+        G = _head_groups(B, H, nJ, dev)
+        delta = torch.zeros((B, H, Tp), dtype=torch.float32, device=dev)  # rowsum(dO * O), 0 on padded rows
+        delta[:, :, :T] = (do.float() * o.float()).sum(-1).transpose(1, 2)
+        dq = _empty(q.shape, dtype=q.dtype, device=dev)
+        dk = _empty(k.shape, dtype=k.dtype, device=dev)
+        dv = _empty(v.shape, dtype=v.dtype, device=dev)
+        cf = _carry_table(q, k, keep, T, Tp, BT, BN, BM, scale, cx)
+        rcp = _empty((B, G, nT, Tp), dtype=torch.float32, device=dev)  # per group; rows from each key's tile written
+        dk0p = _empty((B, G, Tp, D), dtype=torch.float32, device=dev)
+        dq0p = _empty((B, G, Tp, D), dtype=torch.float32, device=dev)
+        strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+                   v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))
+        kernels._sel_bwd_kv_kernel[(nJ, B * G)](
+            q, k, v, do, dk, dv, lse, delta, cf, rcp, dk0p, keep, ids, ihi,
+            *strides, dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
+            T, H, Tp, nT, H // G, scale, BT=BT, BN=BN, DOT=dot, **cx, **_launch_cfg("bwd_kv", cx["D"]),
+        )
+        rc = rcp[:, 0] if G == 1 else rcp.sum(dim=1)  # never-written entries are never read
+        kernels._sel_bwd_q_kernel[(triton.cdiv(T, BM), B * G)](
+            q, k, v, do, dq, lse, delta, cf, rc, dq0p, keep, ids, jlo_later, ihi,
+            *strides, dq.stride(0), dq.stride(1), dq.stride(2),
+            T, H, Tp, nT, nJ, H // G, scale, BM=BM, BN=BN, RATIO=BM // BT, DOT=dot, **cx,
+            **_launch_cfg("bwd_q", cx["D"]),
+        )
+        # head 0: its own gradient plus every head's gradient through F, summed over the groups
+        dq[:, :, 0] = dq0p.sum(dim=1)[:, :T]
+        dk[:, :, 0] = dk0p.sum(dim=1)[:, :T]
+        return dq, dk, dv, None, None
+
+
+def _check(q, k, v, scale, segment_ids):
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"selective_attention_fused: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if q.dim() != 4:
+        raise ValueError(f"selective_attention_fused: q must be (B, T, H, D), got shape {tuple(q.shape)}")
+    B, T, H, D = q.shape
+    if k.shape != q.shape or v.shape != q.shape:
+        raise ValueError(f"selective_attention_fused: q, k, v must share one shape (B, T, H, D); got "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if T < 1 or B < 1 or H < 1:
+        raise ValueError(f"selective_attention_fused: empty input shape {tuple(q.shape)}")
+    if D not in HEAD_DIMS:
+        raise ValueError(f"selective_attention_fused: head dim D must be one of {HEAD_DIMS}, got {D}")
+    if q.dtype not in QKV_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"selective_attention_fused: q, k, v must share one dtype among bf16, fp16, fp32; got "
+                         f"{q.dtype}, {k.dtype}, {v.dtype}")
+    devs = {t.device for t in (q, k, v)}
+    if len(devs) != 1:
+        raise ValueError(f"selective_attention_fused: all inputs must be on one device, got {sorted(map(str, devs))}")
+    dev = q.device
+    if dev.type != "cuda" and not _interpreting():
+        raise ValueError(f"selective_attention_fused: inputs must be CUDA tensors (or set TRITON_INTERPRET=1 before "
+                         f"importing for the CPU interpreter); got device {dev}")
+    if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale)):
+        raise ValueError(f"selective_attention_fused: scale must be a finite float or None, got {scale!r}")
+    if segment_ids is not None:
+        if not isinstance(segment_ids, torch.Tensor) or segment_ids.shape != (B, T):
+            raise ValueError(f"selective_attention_fused: segment_ids must be a (B, T) = {(B, T)} tensor, got "
+                             f"{getattr(segment_ids, 'shape', type(segment_ids).__name__)}")
+        if segment_ids.dtype.is_floating_point or segment_ids.dtype.is_complex or segment_ids.dtype == torch.bool:
+            raise ValueError(f"selective_attention_fused: segment_ids must be integer document ids, got "
+                             f"{segment_ids.dtype}")
+        if segment_ids.device != dev:
+            raise ValueError(f"selective_attention_fused: segment_ids must be on {dev}, got {segment_ids.device}")
+
+
+def selective_attention_fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float | None = None,
+                              segment_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Causal Selective Attention, fused: q, k, v (B, T, H, D) -> (B, T, H, D) in q's dtype.
+
+    Same semantics as ``selective_attention_naive`` (head 0 selects; F is layer-shared; ``segment_ids`` (B, T):
+    a query attends only to keys with its own id, and every document's first token is never selected)."""
+    _check(q, k, v, scale, segment_ids)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    return _SelectiveFunction.apply(q, k, v, scale, segment_ids)

@@ -1,0 +1,366 @@
+"""Triton kernels of the fused Selective Attention (fused.py is the public entry point).
+
+Layout: q, k, v, o, do, dq, dk, dv are (B, T, H, D) tensors addressed by strides; head 0's q and k (q0, k0) are
+read from the same tensors. Tiles are BM queries × BN keys; every mask is positional, so the two sizes are free
+(powers of two). Per pair, with sel[t', s] = [s < t'] · [key s selectable] (not key 0, not a document's first token):
+
+    S[t', s] = sel · ReLU(scale · q0[t']·k0[s])          (head 0 selects, layer-shared)
+    F[t, s]  = Σ_{t' < t} S[t', s]                       = CF[row of I's start, s] + Σ_{t' in I, t' < t} S[t', s]
+    logit_h  = scale · q_h[t]·k_h[s] − F[t, s]           (causal s ≤ t, same document)
+
+CF (B, Tp / BT, Tp) fp32 is the carry table: CF[r, s] = Σ_{t' < r·BT} S[t', s], column sums over all earlier query
+rows at a granularity of BT rows (a kernel's query tile BM is a multiple of BT), written key-major by the carry
+kernel. The in-tile part is an exclusive prefix over the tile's queries of the recomputed S tile (a strictly
+triangular matmul, or a scan). No (T, T) tensor exists; a program holds one tile of S and F at a time.
+
+Backward, per head h: dS_h = P_h ∘ (dP_h − Δ_h), the flash gradients of q_h, k_h, v_h, and the gradient through F
+(layer-shared, so the heads' dS add up): dS_sel[t', s] = −R[t', s], R[t', s] = Σ_{t > t'} Σ_h dS_h[t, s], then
+through the ReLU and the masks, dRaw = sel · [raw > 0] · R, into dq0 −= scale · dRaw·k0 and dk0 −= scale · dRawᵀ·q0.
+R is linear in the heads' dS, so every head contributes its own share: its in-tile suffix of dS_h. The part over
+later query tiles is a per-key running sum in the key-major kernel, which walks the query tiles downwards; it is
+also stored per (table row, key), summed over heads, as the table RC[r, s] = Σ_h Σ_{t ≥ (r+1)·BT} dS_h[t, s] for
+the query-major kernel.
+
+Kernels, in launch order: carry (CF) -> forward; backward: carry again (at the backward's tile sizes) -> key-major
+(dk, dv, the dk0 share, RC; its query tile is BT) -> query-major (dq, the dq0 share). The backward kernels loop over
+a group of heads per program: head 0's gradient slot (its own flash gradient plus every head's selection share) is
+an fp32 accumulator per group, summed over groups on the host, so nothing needs atomics and every result is
+deterministic.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+LOG2E = tl.constexpr(1.4426950408889634)
+
+
+@triton.jit
+def _prefix_rows(x, tri, DOT: tl.constexpr, PREC: tl.constexpr):
+    # exclusive prefix down the rows: out[t, s] = Σ_{t' < t} x[t', s]; tri[t, t'] = [t' < t]
+    if DOT:
+        return tl.dot(tri, x, input_precision=PREC)
+    else:
+        return tl.cumsum(x, axis=0) - x
+
+
+@triton.jit
+def _suffix_rows(x, tri_t, DOT: tl.constexpr, PREC: tl.constexpr):
+    # exclusive suffix down the rows: out[t', s] = Σ_{t > t'} x[t, s]; tri_t[t', t] = [t > t']
+    if DOT:
+        return tl.dot(tri_t, x, input_precision=PREC)
+    else:
+        return tl.cumsum(x, axis=0, reverse=True) - x
+
+
+@triton.jit
+def _prefix_cols(x, tri_t, DOT: tl.constexpr, PREC: tl.constexpr):
+    # exclusive prefix along the columns (a transposed tile [key, query]): out[s, t] = Σ_{t' < t} x[s, t']
+    if DOT:
+        return tl.dot(x, tri_t, input_precision=PREC)
+    else:
+        return tl.cumsum(x, axis=1) - x
+
+
+@triton.jit
+def _suffix_cols(x, tri, DOT: tl.constexpr, PREC: tl.constexpr):
+    # exclusive suffix along the columns: out[s, t'] = Σ_{t > t'} x[s, t]
+    if DOT:
+        return tl.dot(x, tri, input_precision=PREC)
+    else:
+        return tl.cumsum(x, axis=1, reverse=True) - x
+
+
+@triton.jit
+def _selectable_keys(KEEP, b, Tp, offs_n, SEG: tl.constexpr):
+    # keys that can be selected: not key 0 (BOS); with documents, no document's first token (host-computed).
+    # Padded keys need no mask: their k0 is 0, so ReLU leaves 0 and the ReLU gradient is 0.
+    if SEG:
+        return tl.load(KEEP + b * Tp + offs_n) != 0
+    else:
+        return offs_n > 0
+
+
+@triton.jit
+def _selection(q0, k0, offs_m, offs_n, keysel, scale, PREC: tl.constexpr):
+    # (S tile, live mask): S[t', s] = ReLU(scale q0·k0) where selectable, live = where S's gradient flows
+    raw = tl.dot(q0, tl.trans(k0), input_precision=PREC) * scale
+    live = (offs_n[None, :] < offs_m[:, None]) & keysel[None, :] & (raw > 0.0)
+    return tl.where(live, raw, 0.0), live
+
+
+@triton.jit
+def _field(q0, k0, offs_m, offs_n, keysel, tri, CF, b, row, nT, Tp, scale, PREC: tl.constexpr, DOT: tl.constexpr):
+    # F on the tile (queries offs_m, keys offs_n): the carry table's row at the tile's first query (all earlier
+    # queries) plus the in-tile prefix
+    S, live = _selection(q0, k0, offs_m, offs_n, keysel, scale, PREC)
+    F = _prefix_rows(S, tri, DOT, PREC) + tl.load(CF + (b * nT + row) * Tp + offs_n)[None, :]
+    return F, live
+
+
+@triton.jit
+def _rows(PTR, b, h, offs, s_b, s_t, s_h, offs_d, ok):
+    # a (rows, D) tile of a (B, T, H, D) tensor, 0 past T
+    return tl.load(PTR + b * s_b + h * s_h + offs[:, None] * s_t + offs_d[None, :], mask=ok[:, None], other=0.0)
+
+
+@triton.jit
+def _attend_mask(offs_m, offs_n, seg_i, seg_j, SEG: tl.constexpr):
+    # causal (diagonal included) and same document
+    m = offs_n[None, :] <= offs_m[:, None]
+    if SEG:
+        m = m & (seg_i[:, None] == seg_j[None, :])
+    return m
+
+
+@triton.jit
+def _triangles(BM: tl.constexpr):
+    # tri[t, t'] = [t' < t] and its transpose, as fp32 0/1 matrices over a tile's BM queries
+    r = tl.arange(0, BM)
+    tri = tl.where(r[:, None] > r[None, :], 1.0, 0.0)
+    tri_t = tl.where(r[:, None] < r[None, :], 1.0, 0.0)
+    return tri, tri_t
+
+
+# ---------------------------------------------------------------------------------------------
+# carry: CF[b, r, s] = Σ_{t' < r·BT} S[t', s], for the rows r that can be read (0 up to the key's own tile)
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def _sel_carry_kernel(
+    Q, K, CF, KEEP, s_qb, s_qt, s_kb, s_kt, T, Tp, nT, scale,
+    BT: tl.constexpr, BN: tl.constexpr, QM: tl.constexpr, D: tl.constexpr, PREC: tl.constexpr, SEG: tl.constexpr,
+):
+    # key-major: one key tile J per program, walking the query rows downwards in tiles of BT with a running column
+    # sum, so every entry is a sum of whole tiles in a fixed order (deterministic). Head 0 only: the table is shared
+    # by all heads. The walk starts at the first row that a reader's query tile (QM rows, a multiple of BT) holding
+    # one of J's keys starts at; earlier rows are never read.
+    J = tl.program_id(0)  # J = 0 walks the most tiles and starts first
+    b = tl.program_id(1)
+    offs_n = J * BN + tl.arange(0, BN)
+    offs_d = tl.arange(0, D)
+    k0 = _rows(K, b, 0, offs_n, s_kb, s_kt, 0, offs_d, offs_n < T)
+    keysel = _selectable_keys(KEEP, b, Tp, offs_n, SEG)
+    run = tl.zeros([BN], tl.float32)
+    for r in range((J * BN) // QM * (QM // BT), (T + BT - 1) // BT):
+        tl.store(CF + (b * nT + r) * Tp + offs_n, run)
+        offs_m = r * BT + tl.arange(0, BT)
+        q0 = _rows(Q, b, 0, offs_m, s_qb, s_qt, 0, offs_d, offs_m < T)
+        S, live = _selection(q0, k0, offs_m, offs_n, keysel, scale, PREC)
+        run += tl.sum(S, axis=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# forward
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def _sel_fwd_kernel(
+    Q, K, V, O, LSE, CF, KEEP, SEGP, JLO,
+    s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_ot, s_oh,
+    T, H, Tp, nT, nJ, scale,
+    BM: tl.constexpr, BN: tl.constexpr, RATIO: tl.constexpr, D: tl.constexpr, PREC: tl.constexpr,
+    DOT: tl.constexpr, SEG: tl.constexpr,
+):
+    # One query tile I (BM rows) of one head per program, walking the key tiles from the diagonal down; the carry
+    # table's rows are BM / RATIO queries apart.
+    nI = tl.num_programs(0)
+    I = nI - 1 - tl.program_id(0)  # long rows first: a shorter tail
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    sl2 = scale * LOG2E
+    offs_m = I * BM + tl.arange(0, BM)
+    offs_d = tl.arange(0, D)
+    row_ok = offs_m < T
+    q = _rows(Q, b, h, offs_m, s_qb, s_qt, s_qh, offs_d, row_ok)
+    q0 = _rows(Q, b, 0, offs_m, s_qb, s_qt, s_qh, offs_d, row_ok)
+    tri, tri_t = _triangles(BM)
+    seg_i = offs_m
+    j_lo = 0
+    if SEG:
+        seg_i = tl.load(SEGP + b * Tp + offs_m)
+        j_lo = tl.load(JLO + b * nI + I)  # key tiles below j_lo share no document with tile I
+    j_hi = tl.minimum((I * BM + BM - 1) // BN, nJ - 1)
+    m_i = tl.full([BM], -float("inf"), tl.float32)
+    l_i = tl.zeros([BM], tl.float32)
+    acc = tl.zeros([BM, D], tl.float32)
+    for jj in range(0, j_hi + 1 - j_lo):
+        J = j_hi - jj
+        offs_n = J * BN + tl.arange(0, BN)
+        col_ok = offs_n < T
+        k0 = _rows(K, b, 0, offs_n, s_kb, s_kt, s_kh, offs_d, col_ok)
+        k = _rows(K, b, h, offs_n, s_kb, s_kt, s_kh, offs_d, col_ok)
+        v = _rows(V, b, h, offs_n, s_vb, s_vt, s_vh, offs_d, col_ok)
+        keysel = _selectable_keys(KEEP, b, Tp, offs_n, SEG)
+        F, live = _field(q0, k0, offs_m, offs_n, keysel, tri, CF, b, I * RATIO, nT, Tp, scale, PREC, DOT)
+        s = tl.dot(q, tl.trans(k), input_precision=PREC) * sl2 - F * LOG2E
+        seg_j = offs_n
+        if SEG:
+            seg_j = tl.load(SEGP + b * Tp + offs_n)
+        s = tl.where(_attend_mask(offs_m, offs_n, seg_i, seg_j, SEG), s, -float("inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_use = tl.where(m_new == -float("inf"), 0.0, m_new)  # a row with no key yet (its keys come later)
+        p = tl.exp2(s - m_use[:, None])
+        alpha = tl.exp2(m_i - m_use)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+        m_i = m_new
+    acc = acc / l_i[:, None]
+    tl.store(O + b * s_ob + h * s_oh + offs_m[:, None] * s_ot + offs_d[None, :], acc.to(O.dtype.element_ty),
+             mask=row_ok[:, None])
+    tl.store(LSE + bh * Tp + offs_m, m_i + tl.log2(l_i))  # log2 units; padded rows are masked in the backward
+
+
+# ---------------------------------------------------------------------------------------------
+# backward, key-major: dk, dv per head, head 0's dk share from the selection, RC
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def _sel_bwd_kv_kernel(
+    Q, K, V, DO, DK, DV, LSE, DELTA, CF, RCP, DK0P, KEEP, SEGP, IHI,
+    s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_ot, s_oh,
+    s_dkb, s_dkt, s_dkh, s_dvb, s_dvt, s_dvh,
+    T, H, Tp, nT, HPG, scale,
+    BT: tl.constexpr, BN: tl.constexpr, D: tl.constexpr, PREC: tl.constexpr, DOT: tl.constexpr,
+    SEG: tl.constexpr,
+):
+    # One key tile J (BN keys) and one group of HPG heads per program; the query tiles are the tables' rows (BT).
+    # Tiles are transposed, [s (keys of J), t (queries)], so P and dS feed dv, dk and the selection share without a
+    # transpose. Per head, the query tiles are walked downwards so that rc[s] = Σ_{t ≥ end of tile I} dS_h[t, s] is
+    # a running sum: R = in-tile suffix + rc. RCP[b, g, I, s] collects rc (as it enters tile I) summed over the
+    # group's heads, for the dq kernel.
+    nJ = tl.num_programs(0)
+    J = tl.program_id(0)  # J = 0 walks the most tiles and starts first
+    bg = tl.program_id(1)
+    G = H // HPG
+    b = bg // G
+    g = bg % G
+    sl2 = scale * LOG2E
+    offs_n = J * BN + tl.arange(0, BN)
+    offs_d = tl.arange(0, D)
+    col_ok = offs_n < T
+    k0 = _rows(K, b, 0, offs_n, s_kb, s_kt, s_kh, offs_d, col_ok)
+    keysel = _selectable_keys(KEEP, b, Tp, offs_n, SEG)
+    tri, tri_t = _triangles(BT)
+    seg_j = offs_n
+    i_lo = (J * BN) // BT  # the query tile of J's first key
+    i_hi = (T + BT - 1) // BT - 1
+    if SEG:
+        seg_j = tl.load(SEGP + b * Tp + offs_n)
+        i_hi = tl.load(IHI + b * nJ + J)  # no query tile after i_hi shares a document with tile J
+    acc0 = tl.zeros([BN, D], tl.float32)  # head 0's slot: its own dk and every head's selection share
+    for hh in range(0, HPG):
+        h = g * HPG + hh
+        k = _rows(K, b, h, offs_n, s_kb, s_kt, s_kh, offs_d, col_ok)
+        v = _rows(V, b, h, offs_n, s_vb, s_vt, s_vh, offs_d, col_ok)
+        dk = tl.zeros([BN, D], tl.float32)
+        dv = tl.zeros([BN, D], tl.float32)
+        rc = tl.zeros([BN], tl.float32)
+        for ii in range(0, i_hi + 1 - i_lo):
+            I = i_hi - ii
+            offs_m = I * BT + tl.arange(0, BT)
+            row_ok = offs_m < T
+            q = _rows(Q, b, h, offs_m, s_qb, s_qt, s_qh, offs_d, row_ok)
+            q0 = _rows(Q, b, 0, offs_m, s_qb, s_qt, s_qh, offs_d, row_ok)
+            do = _rows(DO, b, h, offs_m, s_ob, s_ot, s_oh, offs_d, row_ok)
+            lse = tl.load(LSE + (b * H + h) * Tp + offs_m, mask=row_ok, other=0.0)  # padded rows: never written
+            delta = tl.load(DELTA + (b * H + h) * Tp + offs_m)
+            # F transposed: f_t[s, t] = CF[I, s] + Σ_{t' in I, t' < t} S[t', s]
+            raw_t = tl.dot(k0, tl.trans(q0), input_precision=PREC) * scale
+            live_t = (offs_n[:, None] < offs_m[None, :]) & keysel[:, None] & (raw_t > 0.0)
+            f_t = _prefix_cols(tl.where(live_t, raw_t, 0.0), tri_t, DOT, PREC)
+            f_t += tl.load(CF + (b * nT + I) * Tp + offs_n)[:, None]
+            s_t = tl.dot(k, tl.trans(q), input_precision=PREC) * sl2 - f_t * LOG2E
+            attend = (offs_n[:, None] <= offs_m[None, :]) & row_ok[None, :]
+            if SEG:
+                attend = attend & (seg_j[:, None] == tl.load(SEGP + b * Tp + offs_m)[None, :])
+            p_t = tl.where(attend, tl.exp2(s_t - lse[None, :]), 0.0)
+            dv += tl.dot(p_t.to(do.dtype), do, input_precision=PREC)
+            dp_t = tl.dot(v, tl.trans(do), input_precision=PREC)
+            ds_t = p_t * (dp_t - delta[None, :])
+            dk += tl.dot(ds_t.to(q.dtype), q, input_precision=PREC)
+            # the selection: this head's share of R, the running carry, and RC (read-modify-write by this program
+            # only; the group's first head writes)
+            rc_ptr = RCP + ((b * G + g) * nT + I) * Tp + offs_n
+            rc_prev = tl.load(rc_ptr, mask=offs_n * 0 + hh > 0, other=0.0)
+            tl.store(rc_ptr, rc_prev + rc)
+            r_t = _suffix_cols(ds_t, tri, DOT, PREC) + rc[:, None]
+            rc += tl.sum(ds_t, axis=1)
+            acc0 -= tl.dot(tl.where(live_t, r_t, 0.0).to(q0.dtype), q0, input_precision=PREC)
+        acc0 += tl.where(h == 0, dk, 0.0)
+        tl.store(DK + b * s_dkb + h * s_dkh + offs_n[:, None] * s_dkt + offs_d[None, :],
+                 (dk * scale).to(DK.dtype.element_ty), mask=col_ok[:, None] & (offs_d[None, :] * 0 + h != 0))
+        tl.store(DV + b * s_dvb + h * s_dvh + offs_n[:, None] * s_dvt + offs_d[None, :],
+                 dv.to(DV.dtype.element_ty), mask=col_ok[:, None])
+        tl.debug_barrier()  # RCP's stores by this head are read back by the next one
+    tl.store(DK0P + ((b * G + g) * Tp + offs_n[:, None]) * D + offs_d[None, :], acc0 * scale)
+
+
+# ---------------------------------------------------------------------------------------------
+# backward, query-major: dq per head, head 0's dq share from the selection
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def _sel_bwd_q_kernel(
+    Q, K, V, DO, DQ, LSE, DELTA, CF, RC, DQ0P, KEEP, SEGP, JLO, IHI,
+    s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_ot, s_oh, s_dqb, s_dqt, s_dqh,
+    T, H, Tp, nT, nJ, HPG, scale,
+    BM: tl.constexpr, BN: tl.constexpr, RATIO: tl.constexpr, D: tl.constexpr, PREC: tl.constexpr,
+    DOT: tl.constexpr, SEG: tl.constexpr,
+):
+    # One query tile I (BM = RATIO table rows) and one group of HPG heads per program. Each head adds its in-tile
+    # suffix of dS_h to R; the part over later query tiles, RC at the tile's last table row (every head's, summed),
+    # is added once, with head 0.
+    nI = tl.num_programs(0)
+    I = nI - 1 - tl.program_id(0)  # long rows first: a shorter tail
+    bg = tl.program_id(1)
+    G = H // HPG
+    b = bg // G
+    g = bg % G
+    sl2 = scale * LOG2E
+    offs_m = I * BM + tl.arange(0, BM)
+    offs_d = tl.arange(0, D)
+    row_ok = offs_m < T
+    q0 = _rows(Q, b, 0, offs_m, s_qb, s_qt, s_qh, offs_d, row_ok)
+    tri, tri_t = _triangles(BM)
+    last_row = I * RATIO + RATIO - 1  # the table row that ends with tile I
+    seg_i = offs_m
+    j_lo = 0
+    if SEG:
+        seg_i = tl.load(SEGP + b * Tp + offs_m)
+        # the lowest key tile sharing a document with tile I or any later one: below it, dS and R are 0
+        j_lo = tl.load(JLO + b * nI + I)
+    j_hi = tl.minimum((I * BM + BM - 1) // BN, nJ - 1)
+    acc0 = tl.zeros([BM, D], tl.float32)  # head 0's slot: its own dq and every head's selection share
+    for hh in range(0, HPG):
+        h = g * HPG + hh
+        q = _rows(Q, b, h, offs_m, s_qb, s_qt, s_qh, offs_d, row_ok)
+        do = _rows(DO, b, h, offs_m, s_ob, s_ot, s_oh, offs_d, row_ok)
+        lse = tl.load(LSE + (b * H + h) * Tp + offs_m, mask=row_ok, other=0.0)  # padded rows: never written
+        delta = tl.load(DELTA + (b * H + h) * Tp + offs_m)
+        dq = tl.zeros([BM, D], tl.float32)
+        for jj in range(0, j_hi + 1 - j_lo):
+            J = j_hi - jj
+            offs_n = J * BN + tl.arange(0, BN)
+            col_ok = offs_n < T
+            k0 = _rows(K, b, 0, offs_n, s_kb, s_kt, s_kh, offs_d, col_ok)
+            k = _rows(K, b, h, offs_n, s_kb, s_kt, s_kh, offs_d, col_ok)
+            v = _rows(V, b, h, offs_n, s_vb, s_vt, s_vh, offs_d, col_ok)
+            keysel = _selectable_keys(KEEP, b, Tp, offs_n, SEG)
+            F, live = _field(q0, k0, offs_m, offs_n, keysel, tri, CF, b, I * RATIO, nT, Tp, scale, PREC, DOT)
+            seg_j = offs_n
+            carry_ok = (offs_n * 0 + h == 0) & (offs_n * 0 + (I + 1) * BM < T)  # later queries exist
+            if SEG:
+                seg_j = tl.load(SEGP + b * Tp + offs_n)
+                # RC is written (and non-zero) up to the key tile's last sharing row
+                carry_ok = carry_ok & (offs_n * 0 + last_row <= tl.load(IHI + b * nJ + J))
+            s = tl.dot(q, tl.trans(k), input_precision=PREC) * sl2 - F * LOG2E
+            attend = _attend_mask(offs_m, offs_n, seg_i, seg_j, SEG) & row_ok[:, None]
+            p = tl.where(attend, tl.exp2(s - lse[:, None]), 0.0)
+            dp = tl.dot(do, tl.trans(v), input_precision=PREC)
+            ds = p * (dp - delta[:, None])
+            dq += tl.dot(ds.to(k.dtype), k, input_precision=PREC)
+            R = _suffix_rows(ds, tri_t, DOT, PREC)
+            R += tl.load(RC + (b * nT + last_row) * Tp + offs_n, mask=carry_ok, other=0.0)[None, :]
+            acc0 -= tl.dot(tl.where(live, R, 0.0).to(k0.dtype), k0, input_precision=PREC)
+        acc0 += tl.where(h == 0, dq, 0.0)
+        tl.store(DQ + b * s_dqb + h * s_dqh + offs_m[:, None] * s_dqt + offs_d[None, :],
+                 (dq * scale).to(DQ.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] * 0 + h != 0))
+    tl.store(DQ0P + ((b * G + g) * Tp + offs_m[:, None]) * D + offs_d[None, :], acc0 * scale)

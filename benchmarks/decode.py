@@ -115,7 +115,8 @@ def measure(decoder: Decoder, threshold: float | None, batch: int, length: int, 
 # --- the per-step profile (--profile) -----------------------------------------------------------------------------
 # Kernel-name groups, tried in order, first match wins (case-insensitive). The order settles the names that match
 # several: flash and fmha kernels are cutlass templates (attention before matmul); argmax is a
-# reduce_kernel<ArgMaxOps> (sampling before reductions); cuBLAS's splitKreduce_kernel finishes a GEMM (matmul before
+# reduce_kernel<ArgMaxOps> (sampling before reductions; with eviction the cache's first-free-slot search, one argmax
+# per layer, lands there too); cuBLAS's splitKreduce_kernel finishes a GEMM (matmul before
 # reductions); index_elementwise_kernel and direct_copy_kernel run as *elementwise_kernel (index/copy before
 # elementwise, but inductor's fused pointwise triton_poi_* kernels stay elementwise whatever ops they fuse).
 KERNEL_GROUPS = (

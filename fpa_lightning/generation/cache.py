@@ -60,14 +60,23 @@ class LayerCache:
         the first n free slots of each (row, head) when slots is None. The caller guarantees there are enough."""
         B, n, H, _ = k.shape
         if slots is None:
-            # the i-th free slot is where the running count of free slots first reaches i + 1
-            free_count = (self.key_pos == FREE).to(torch.int32).cumsum(dim=-1)  # (B, H, S)
-            wanted = torch.arange(1, n + 1, device=k.device, dtype=torch.int32).expand(B, H, n).contiguous()
-            slots = torch.searchsorted(free_count, wanted)
+            slots = self.first_free_slots(n)
         self.slots = slots
         _scatter_slots(self.k, slots, k.transpose(1, 2))
         _scatter_slots(self.v, slots, v.transpose(1, 2))
         _scatter_slots(self.key_pos, slots, query_pos[:, None, :].expand(B, H, n))
+
+    def first_free_slots(self, n: int) -> torch.Tensor:
+        """The first n free slots of each (row, head), in slot order: (B, H, n) int64."""
+        free = self.key_pos == FREE  # (B, H, S)
+        if n == 1:
+            # a decoding step: argmax returns the first maximal index, one reduction per layer where the general
+            # search below takes a scan and a search (and Inductor cannot build searchsorted for a compiled step)
+            return free.to(torch.uint8).argmax(dim=-1, keepdim=True)
+        # the i-th free slot is where the running count of free slots first reaches i + 1
+        free_count = free.to(torch.int32).cumsum(dim=-1)  # (B, H, S)
+        wanted = torch.arange(1, n + 1, device=free.device, dtype=free_count.dtype).expand(*free.shape[:2], n)
+        return torch.searchsorted(free_count, wanted.contiguous())
 
     def put(self, name: str, values: torch.Tensor) -> None:
         """The backend's per-key state of the keys just written: values (B, H or 1, n, ...)."""

@@ -107,3 +107,22 @@ def test_generate_with_a_threshold_reports_kept_fraction_and_bytes(make_decoder,
     assert 0 < stats["kept_fraction"] < 1 and full["kept_fraction"] == 1.0
     assert stats["live_bytes"] < full["live_bytes"]
     assert 0 < stats["state_fraction_of_kv"] < 1 and stats["new_tokens"] == 16
+
+
+def test_first_free_slots_one_token_and_several():
+    """A decoding step's one-reduction search (n = 1) and the general scan-and-search both give, per (row, head),
+    the first n free slots in slot order, checked against a plain loop."""
+    from fpa_lightning.generation.cache import FREE, LayerCache
+
+    gen = torch.Generator().manual_seed(0)
+    B, H, S = 3, 4, 37
+    key_pos = torch.randint(0, 100, (B, H, S), generator=gen, dtype=torch.int32)
+    key_pos[torch.rand(B, H, S, generator=gen) < 0.4] = FREE
+    key_pos[0, 0, :] = FREE  # every slot free
+    key_pos[1, 2, :-3] = 7  # only the last three free
+    key_pos[1, 2, -3:] = FREE
+    cache = LayerCache(torch.zeros(B, H, S, 2), torch.zeros(B, H, S, 2), key_pos)
+    for n in (1, 2, 3):
+        expected = torch.tensor([[(key_pos[b, h] == FREE).nonzero().flatten()[:n].tolist() for h in range(H)]
+                                 for b in range(B)])
+        assert torch.equal(cache.first_free_slots(n), expected)

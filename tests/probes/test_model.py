@@ -102,8 +102,13 @@ def test_seeds_one_after_another_compute_what_the_vmapped_ensemble_computes(back
     shape = Shape(heads=2, head_dim=4, layers=2, width=16)
     make = lambda: make_model(PROBE, variant(backend), shape)  # noqa: E731
     vmapped, looped = SeedEnsemble(make, seeds=[0, 1, 2]), SeedEnsemble(make, seeds=[0, 1, 2], vmapped=False)
-    batch = PROBE.sample(5, torch.Generator().manual_seed(0))
-    tokens, labels = batch.tokens.expand(3, -1, -1), batch.labels.expand(3, -1, -1)
+    assert_same_outputs_and_gradients(vmapped, looped, PROBE.sample(5, torch.Generator().manual_seed(0)))
+
+
+def assert_same_outputs_and_gradients(vmapped: SeedEnsemble, looped: SeedEnsemble, batch) -> None:
+    """The two ensembles (same seeds, so the same parameters) give the same logits and parameter gradients."""
+    device = vmapped.stacked[0].device
+    tokens, labels = (t.to(device).expand(len(vmapped.seeds), -1, -1) for t in (batch.tokens, batch.labels))
     out_v, out_l = vmapped(tokens), looped(tokens)
     torch.testing.assert_close(out_l, out_v, atol=1e-5, rtol=1e-5)
     per_seed_loss(out_v, labels).sum().backward()
@@ -145,11 +150,4 @@ def test_gpu_fused_ensemble_runs_under_vmap_and_equals_the_loop(backend):
     vmapped, looped = SeedEnsemble(make, seeds=[0, 1, 2]).cuda(), SeedEnsemble(make, seeds=[0, 1, 2], vmapped=False).cuda()
     assert runs_under_vmap(vmapped.template, torch.device("cuda"))
     assert vmapped.template.layers[-1].backend.resolve_impl(torch.device("cuda")) == "fused"
-    batch = PROBE.sample(64, torch.Generator().manual_seed(0))
-    tokens, labels = batch.tokens.cuda().expand(3, -1, -1), batch.labels.cuda().expand(3, -1, -1)
-    out_v, out_l = vmapped(tokens), looped(tokens)
-    torch.testing.assert_close(out_l, out_v, atol=1e-5, rtol=1e-5)
-    per_seed_loss(out_v, labels).sum().backward()
-    per_seed_loss(out_l, labels).sum().backward()
-    for a, b in zip(vmapped.stacked, looped.stacked):
-        torch.testing.assert_close(b.grad, a.grad, atol=1e-5, rtol=1e-5)
+    assert_same_outputs_and_gradients(vmapped, looped, PROBE.sample(64, torch.Generator().manual_seed(0)))

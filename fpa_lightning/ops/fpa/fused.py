@@ -22,18 +22,15 @@ import triton
 
 from fpa_lightning.ops.fpa import kernels
 from fpa_lightning.ops.fpa.naive import check_variant
+from fpa_lightning.ops.kernel_inputs import check_device, check_qkv, check_scale, check_segment_ids
+from fpa_lightning.ops.kernel_inputs import interpreting as _interpreting
 
 HEAD_DIMS = (16, 32, 64, 128)
 """Head dims the kernels are built for (the attention backends refuse others for impl='fused')."""
-QKV_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 # Test hook, for tests only: when True, every output buffer starts as NaN, so an element a kernel forgets to
 # write shows up in the result instead of hiding behind torch.empty's leftovers.
 TEST_HOOK_POISON_OUTPUTS = False
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 def _block_size() -> int:
@@ -372,54 +369,24 @@ class _FPAVmappable(torch.autograd.Function):
 
 
 def _check(q, k, v, phi, psi, beta, scale, skip_threshold, reduction, level, segment_ids):
-    tensors = {"q": q, "k": k, "v": v, "phi": phi, "psi": psi, "beta": beta}
-    for name, t in tensors.items():
-        if not isinstance(t, torch.Tensor):
-            raise ValueError(f"fpa_attention: {name} must be a torch.Tensor, got {type(t).__name__}")
-    if q.dim() != 4:
-        raise ValueError(f"fpa_attention: q must be (B, T, H, D), got shape {tuple(q.shape)}")
-    B, T, H, D = q.shape
-    if k.shape != q.shape or v.shape != q.shape:
-        raise ValueError(f"fpa_attention: q, k, v must share one shape (B, T, H, D); got {tuple(q.shape)}, "
-                         f"{tuple(k.shape)}, {tuple(v.shape)}")
-    if T < 1 or B < 1 or H < 1:
-        raise ValueError(f"fpa_attention: empty input shape {tuple(q.shape)}")
-    if D not in HEAD_DIMS:
-        raise ValueError(f"fpa_attention: head dim D must be one of {HEAD_DIMS}, got {D}")
-    if q.dtype not in QKV_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
-        raise ValueError(f"fpa_attention: q, k, v must share one dtype among bf16, fp16, fp32; got "
-                         f"{q.dtype}, {k.dtype}, {v.dtype}")
+    fields = {"phi": phi, "psi": psi, "beta": beta}
+    B, T, H, _ = check_qkv("fpa_attention", q, k, v, HEAD_DIMS, others=fields)
     if phi.shape != (B, T, H) or psi.shape != (B, T, H):
         raise ValueError(f"fpa_attention: phi and psi must be (B, T, H) = {(B, T, H)}, got "
                          f"{tuple(phi.shape)}, {tuple(psi.shape)}")
     if beta.shape != (H,):
         raise ValueError(f"fpa_attention: beta must be (H,) = ({H},), got {tuple(beta.shape)}")
-    for name in ("phi", "psi", "beta"):
-        if tensors[name].dtype != torch.float32:
-            raise ValueError(f"fpa_attention: {name} must be float32, got {tensors[name].dtype}")
-    devs = {t.device for t in tensors.values()}
-    if len(devs) != 1:
-        raise ValueError(f"fpa_attention: all inputs must be on one device, got {sorted(map(str, devs))}")
-    dev = q.device
-    if dev.type != "cuda" and not _interpreting():
-        raise ValueError(f"fpa_attention: inputs must be CUDA tensors (or set TRITON_INTERPRET=1 before "
-                         f"importing for the CPU interpreter); got device {dev}")
-    if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale)):
-        raise ValueError(f"fpa_attention: scale must be a finite float or None, got {scale!r}")
+    for name, t in fields.items():
+        if t.dtype != torch.float32:
+            raise ValueError(f"fpa_attention: {name} must be float32, got {t.dtype}")
+    dev = check_device("fpa_attention", {"q": q, "k": k, "v": v, **fields})
+    check_scale("fpa_attention", scale)
     if skip_threshold is not None and not (
         isinstance(skip_threshold, (int, float)) and math.isfinite(skip_threshold) and skip_threshold < 0
     ):
         raise ValueError(f"fpa_attention: skip_threshold must be a finite negative float or None, got {skip_threshold!r}")
     check_variant(reduction, level)
-    if segment_ids is not None:
-        if not isinstance(segment_ids, torch.Tensor) or segment_ids.shape != (B, T):
-            raise ValueError(f"fpa_attention: segment_ids must be a (B, T) = {(B, T)} tensor, got "
-                             f"{getattr(segment_ids, 'shape', type(segment_ids).__name__)}")
-        if segment_ids.dtype.is_floating_point or segment_ids.dtype.is_complex or segment_ids.dtype == torch.bool:
-            raise ValueError(f"fpa_attention: segment_ids must be integer document ids, got {segment_ids.dtype}")
-        if segment_ids.device != dev:
-            raise ValueError(f"fpa_attention: segment_ids must be on {dev}, got {segment_ids.device}")
-
+    check_segment_ids("fpa_attention", segment_ids, B, T, dev)
 
 def fpa_attention(
     q: torch.Tensor,

@@ -36,11 +36,12 @@ import torch
 import triton
 
 from fpa_lightning.ops.common import document_first_tokens
+from fpa_lightning.ops.kernel_inputs import check_device, check_qkv, check_scale, check_segment_ids
+from fpa_lightning.ops.kernel_inputs import interpreting as _interpreting
 from fpa_lightning.ops.selective import kernels
 
 HEAD_DIMS = (16, 32, 64, 128)
 """Head dims the kernels are built for."""
-QKV_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 # Test hook, for tests only: when True, every output and scratch buffer starts as NaN, so an element a kernel forgets
 # to write (or a read of one never written) shows up in the result instead of hiding behind torch.empty's leftovers.
@@ -56,10 +57,6 @@ _LAUNCH = {
     "bwd_q": {"num_warps": 4, "num_stages": 2},
 }
 _WARPS_D128 = {"bwd_kv": 8, "bwd_q": 8}
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 def _env_int(name: str) -> int | None:
@@ -259,40 +256,10 @@ class _SelectiveFunction(torch.autograd.Function):
 
 
 def _check(q, k, v, scale, segment_ids):
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise ValueError(f"selective_attention_fused: {name} must be a torch.Tensor, got {type(t).__name__}")
-    if q.dim() != 4:
-        raise ValueError(f"selective_attention_fused: q must be (B, T, H, D), got shape {tuple(q.shape)}")
-    B, T, H, D = q.shape
-    if k.shape != q.shape or v.shape != q.shape:
-        raise ValueError(f"selective_attention_fused: q, k, v must share one shape (B, T, H, D); got "
-                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-    if T < 1 or B < 1 or H < 1:
-        raise ValueError(f"selective_attention_fused: empty input shape {tuple(q.shape)}")
-    if D not in HEAD_DIMS:
-        raise ValueError(f"selective_attention_fused: head dim D must be one of {HEAD_DIMS}, got {D}")
-    if q.dtype not in QKV_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
-        raise ValueError(f"selective_attention_fused: q, k, v must share one dtype among bf16, fp16, fp32; got "
-                         f"{q.dtype}, {k.dtype}, {v.dtype}")
-    devs = {t.device for t in (q, k, v)}
-    if len(devs) != 1:
-        raise ValueError(f"selective_attention_fused: all inputs must be on one device, got {sorted(map(str, devs))}")
-    dev = q.device
-    if dev.type != "cuda" and not _interpreting():
-        raise ValueError(f"selective_attention_fused: inputs must be CUDA tensors (or set TRITON_INTERPRET=1 before "
-                         f"importing for the CPU interpreter); got device {dev}")
-    if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale)):
-        raise ValueError(f"selective_attention_fused: scale must be a finite float or None, got {scale!r}")
-    if segment_ids is not None:
-        if not isinstance(segment_ids, torch.Tensor) or segment_ids.shape != (B, T):
-            raise ValueError(f"selective_attention_fused: segment_ids must be a (B, T) = {(B, T)} tensor, got "
-                             f"{getattr(segment_ids, 'shape', type(segment_ids).__name__)}")
-        if segment_ids.dtype.is_floating_point or segment_ids.dtype.is_complex or segment_ids.dtype == torch.bool:
-            raise ValueError(f"selective_attention_fused: segment_ids must be integer document ids, got "
-                             f"{segment_ids.dtype}")
-        if segment_ids.device != dev:
-            raise ValueError(f"selective_attention_fused: segment_ids must be on {dev}, got {segment_ids.device}")
+    B, T, _, _ = check_qkv("selective_attention_fused", q, k, v, HEAD_DIMS)
+    dev = check_device("selective_attention_fused", {"q": q, "k": k, "v": v})
+    check_scale("selective_attention_fused", scale)
+    check_segment_ids("selective_attention_fused", segment_ids, B, T, dev)
 
 
 def selective_attention_fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float | None = None,

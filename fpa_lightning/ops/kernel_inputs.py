@@ -1,0 +1,69 @@
+"""Input checks shared by the fused Triton ops (FPA, Selective Attention): q, k, v, the scale and document ids.
+Each op adds the checks of its own inputs; every message starts with the op's name."""
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+
+QKV_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def interpreting() -> bool:
+    """Whether Triton runs in its CPU interpreter (TRITON_INTERPRET=1, set before the kernels are imported)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def check_qkv(op: str, q, k, v, head_dims: tuple[int, ...], others: dict | None = None) -> tuple[int, int, int, int]:
+    """q, k, v: tensors of one shape (B, T, H, D), non-empty, D in head_dims, one dtype of QKV_DTYPES, on one CUDA
+    device (or any device under the interpreter) with the tensors in `others` ({name: tensor}, checked to be
+    tensors first). Returns (B, T, H, D)."""
+    tensors = {"q": q, "k": k, "v": v, **(others or {})}
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if q.dim() != 4:
+        raise ValueError(f"{op}: q must be (B, T, H, D), got shape {tuple(q.shape)}")
+    B, T, H, D = q.shape
+    if k.shape != q.shape or v.shape != q.shape:
+        raise ValueError(f"{op}: q, k, v must share one shape (B, T, H, D); got {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+    if T < 1 or B < 1 or H < 1:
+        raise ValueError(f"{op}: empty input shape {tuple(q.shape)}")
+    if D not in head_dims:
+        raise ValueError(f"{op}: head dim D must be one of {head_dims}, got {D}")
+    if q.dtype not in QKV_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"{op}: q, k, v must share one dtype among bf16, fp16, fp32; got "
+                         f"{q.dtype}, {k.dtype}, {v.dtype}")
+    return B, T, H, D
+
+
+def check_device(op: str, tensors: dict) -> torch.device:
+    """Every tensor of {name: tensor} on one device, a CUDA one unless the interpreter runs; returns it."""
+    devs = {t.device for t in tensors.values()}
+    if len(devs) != 1:
+        raise ValueError(f"{op}: all inputs must be on one device, got {sorted(map(str, devs))}")
+    dev = next(iter(devs))
+    if dev.type != "cuda" and not interpreting():
+        raise ValueError(f"{op}: inputs must be CUDA tensors (or set TRITON_INTERPRET=1 before "
+                         f"importing for the CPU interpreter); got device {dev}")
+    return dev
+
+
+def check_scale(op: str, scale) -> None:
+    if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale)):
+        raise ValueError(f"{op}: scale must be a finite float or None, got {scale!r}")
+
+
+def check_segment_ids(op: str, segment_ids, B: int, T: int, dev: torch.device) -> None:
+    """None, or integer document ids (B, T) on `dev`."""
+    if segment_ids is None:
+        return
+    if not isinstance(segment_ids, torch.Tensor) or segment_ids.shape != (B, T):
+        raise ValueError(f"{op}: segment_ids must be a (B, T) = {(B, T)} tensor, got "
+                         f"{getattr(segment_ids, 'shape', type(segment_ids).__name__)}")
+    if segment_ids.dtype.is_floating_point or segment_ids.dtype.is_complex or segment_ids.dtype == torch.bool:
+        raise ValueError(f"{op}: segment_ids must be integer document ids, got {segment_ids.dtype}")
+    if segment_ids.device != dev:
+        raise ValueError(f"{op}: segment_ids must be on {dev}, got {segment_ids.device}")

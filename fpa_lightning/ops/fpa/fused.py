@@ -10,7 +10,8 @@ gradients for q, k, v, phi, psi and beta. Every variant of docs/method.md is fus
 `segment_ids` (B, T) masks attention across documents. `skip_threshold` (a negative float, e.g. -10; None =
 off) skips every (query block, key block) tile whose bias is provably below it, in forward and backward.
 
-Layout follows fla: input checks here, one autograd.Function, kernels in kernels.py.
+Layout follows fla: input checks here (shared ones in ops/kernel_inputs.py), one autograd.Function (and its
+vmap-capable form), kernels in kernels.py.
 """
 from __future__ import annotations
 
@@ -301,7 +302,6 @@ class _FPAFunction(torch.autograd.Function):
         return dq, dk, dv, dphi_out, dpsi_out, dbeta_out.to(beta.dtype), None, None, None, None, None
 
 
-
 class _SavedByForward:
     """What `_FPAFunction.forward` reads from and writes to its ctx, for calling it from `_FPAVmappable`."""
 
@@ -388,6 +388,7 @@ def _check(q, k, v, phi, psi, beta, scale, skip_threshold, reduction, level, seg
     check_variant(reduction, level)
     check_segment_ids("fpa_attention", segment_ids, B, T, dev)
 
+
 def fpa_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -407,7 +408,8 @@ def fpa_attention(
     Returns (B, T, H, D) in q's dtype. Same semantics as `naive_fpa_attention` (``reduction``, ``level``,
     ``segment_ids``: a query attends only to keys with its own id; ids are compared as int32, and contiguous
     documents, as in a packed row, let whole tiles be skipped). With ``skip_threshold`` (negative) tiles whose
-    bias is provably below it are dropped.
+    bias is provably below it are dropped. Runs under ``torch.func.vmap`` too (one launch for every mapped copy,
+    `_FPAVmappable`), with document ids shared by the copies.
     """
     _check(q, k, v, phi, psi, beta, scale, skip_threshold, reduction, level, segment_ids)
     D = q.shape[-1]

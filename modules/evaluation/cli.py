@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import math
 import os
 import sys
 import time
@@ -20,6 +19,7 @@ from fpa_lightning.attention.config import IMPLS
 from fpa_lightning.evaluation.checkpoint import CheckpointError, LoadedModel, load_decoder
 from fpa_lightning.evaluation.data import EvalData
 from fpa_lightning.evaluation.scoring import Runtime
+from fpa_lightning.generation.rule import check_threshold
 from modules.evaluation import export
 from modules.evaluation.inputs import DataFactory, load_data, resolve_device
 from modules.evaluation.report import write_outputs
@@ -141,8 +141,11 @@ def check_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Non
             parser.error(f"--{option.replace('_', '-')} has invalid values {bad}")
     if args.margin is not None and (args.margin <= 0 or args.compare is None):
         parser.error("--margin needs --compare and a positive value (nats)")
-    if any(math.isnan(t) for t in args.thresholds or []):
-        parser.error("--thresholds must be numbers (use -inf for no pruning)")
+    for threshold in args.thresholds or []:
+        try:  # the one check every receiver of a prune threshold makes, here before any model is loaded
+            check_threshold(threshold)
+        except ValueError as error:
+            parser.error(f"--thresholds: {error} (use -inf for no pruning)")
     if not 0 < args.confidence < 1:
         parser.error(f"--confidence must be in (0, 1), got {args.confidence}")
     if TASKS[args.task].needs_checkpoint and args.ckpt is None:

@@ -355,6 +355,8 @@ def test_bad_arguments_are_clear_errors(tmp_path, ckpts, capsys):
         (["--task", "test_loss", "--ckpt", fpa, "--margin", "0.01"], "--margin needs --compare"),
         (["--task", "cache_prune", "--ckpt", fpa, "--block-rows", "0"], "--block-rows must be a positive integer, got 0"),
         (["--task", "passkey", "--ckpt", fpa, "--lengths", "0"], "--lengths has invalid values [0]"),
+        (["--task", "cache_prune", "--ckpt", fpa, "--thresholds", "nan"], "--thresholds: prune_threshold must be a number"),
+        (["--task", "cache_prune", "--ckpt", fpa, "--thresholds", "-5", "2"], "--thresholds: prune_threshold must be <= 0"),
         (["--task", "passkey", "--ckpt", fpa, "--lengths", "40", "--trials", "1"], "too short"),
         (["--task", "pg19_long", "--ckpt", fpa, "--max-len", "64", "--buckets", "0", "80"], "bucket edges"),
         (["--task", "pg19_long", "--ckpt", fpa, "--data", str(tmp_path / "nowhere")], "does not exist"),

@@ -145,6 +145,9 @@ class FpaBackend(AttentionBackend):
     has_bias = True
     fused_needs_cuda = True
     fused_vmappable = True  # the kernel's vmap rule folds the mapped axis into its heads
+    # every variant is fused (reduction min or dipsum, level key or query; "none" and the stack form are key levels
+    # computed in `ingredients`): only the head dim can rule the kernel out
+    fused_head_dims = FPA_FUSED_HEAD_DIMS
 
     def __init__(self, cfg, d_model, n_head, head_dim):
         super().__init__(cfg, d_model, n_head, head_dim)
@@ -181,13 +184,6 @@ class FpaBackend(AttentionBackend):
         phi_h, psi_h = ingredients["phi"].transpose(1, 2), ingredients["psi"].transpose(1, 2)
         return fpa_bias_block(phi_h, psi_h, ingredients["beta"], lo, hi, carry, reduction=self.cfg.fpa_reduction,
                               level=self.cfg.fpa_op_level)
-
-    def fused_unsupported_reason(self):
-        # every variant is fused (reduction min or dipsum, level key or query; "none" and the stack form are key
-        # levels computed in `ingredients`): only the head dim can rule the kernel out
-        if self.head_dim not in FPA_FUSED_HEAD_DIMS:
-            return f"the Triton kernel supports head dims {FPA_FUSED_HEAD_DIMS}, got {self.head_dim}"
-        return super().fused_unsupported_reason()
 
     def fused(self, q, k, v, ingredients, segment_ids=None):
         return _fused_fpa(q, k, v, ingredients["phi"], ingredients["psi"], ingredients["beta"], scale=self.scale,
@@ -241,6 +237,7 @@ class SelectiveBackend(AttentionBackend):
 
     has_bias = True
     fused_needs_cuda = True
+    fused_head_dims = SELECTIVE_FUSED_HEAD_DIMS
 
     def ingredients(self, x, q, k, segment_ids=None):
         # under document masking every document's first token is never selected (the BOS rule, per document)
@@ -255,11 +252,6 @@ class SelectiveBackend(AttentionBackend):
         segment_ids = ingredients.get("segment_ids")
         first_tokens = None if segment_ids is None else document_first_tokens(segment_ids)
         return selective_bias_block(ingredients["q0"], ingredients["k0"], lo, hi, carry, self.scale, first_tokens)
-
-    def fused_unsupported_reason(self):
-        if self.head_dim not in SELECTIVE_FUSED_HEAD_DIMS:
-            return f"the Triton kernel supports head dims {SELECTIVE_FUSED_HEAD_DIMS}, got {self.head_dim}"
-        return super().fused_unsupported_reason()
 
     def fused(self, q, k, v, ingredients, segment_ids=None):
         # the Triton kernel: the (T, T) bias is never materialised (BENCHMARKS.md, "Attention kernels")

@@ -123,8 +123,13 @@ class AttentionBackend(nn.Module):
         """Rows lo..hi-1 of the backend's bias over keys 0..hi-1 and the carry for the next block."""
         return None, None
 
+    fused_head_dims: tuple[int, ...] | None = None
+    """Head dims the backend's fused kernel is built for (None: any, as SDPA)."""
+
     def fused_unsupported_reason(self) -> str | None:
         """Why the fused path cannot run this configuration (None: it can)."""
+        if self.fused_head_dims is not None and self.head_dim not in self.fused_head_dims:
+            return f"the Triton kernel supports head dims {self.fused_head_dims}, got {self.head_dim}"
         return "ALiBi is not part of a fused kernel" if self.alibi else None
 
     def fused(self, q, k, v, ingredients: Ingredients, segment_ids: torch.Tensor | None = None) -> torch.Tensor:

@@ -1,5 +1,6 @@
-"""Input checks shared by the fused Triton ops (FPA, Selective Attention): q, k, v, the scale and document ids.
-Each op adds the checks of its own inputs; every message starts with the op's name."""
+"""What the fused Triton ops (FPA, Selective Attention) share around their kernels: the checks of q, k, v, the scale
+and document ids (each op adds the checks of its own inputs; every message starts with the op's name), and the
+environment overrides of launch settings that A/B benchmarks use."""
 from __future__ import annotations
 
 import math
@@ -67,3 +68,19 @@ def check_segment_ids(op: str, segment_ids, B: int, T: int, dev: torch.device) -
         raise ValueError(f"{op}: segment_ids must be integer document ids, got {segment_ids.dtype}")
     if segment_ids.device != dev:
         raise ValueError(f"{op}: segment_ids must be on {dev}, got {segment_ids.device}")
+
+
+def env_int(name: str) -> int | None:
+    """The environment variable `name` as an int, or None when unset (A/B benchmarks only)."""
+    value = os.environ.get(name)
+    return int(value) if value else None
+
+
+def with_env_overrides(cfg: dict, prefix: str, keys: tuple[tuple[str, str], ...]) -> dict:
+    """`cfg` with each (key, SUFFIX) of `keys` replaced by the environment variable <prefix>_<SUFFIX> where it is
+    set, e.g. FPA_DQ_WARPS for ("num_warps", "WARPS") under prefix "FPA_DQ" (A/B benchmarks only)."""
+    for key, suffix in keys:
+        value = env_int(f"{prefix}_{suffix}")
+        if value is not None:
+            cfg[key] = value
+    return cfg

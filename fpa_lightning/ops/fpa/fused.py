@@ -16,14 +16,14 @@ vmap-capable form), kernels in kernels.py.
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import triton
 
 from fpa_lightning.ops.fpa import kernels
 from fpa_lightning.ops.fpa.naive import check_variant
-from fpa_lightning.ops.kernel_inputs import check_device, check_qkv, check_scale, check_segment_ids
+from fpa_lightning.ops.kernel_inputs import check_device, check_qkv, check_scale, check_segment_ids, env_int
+from fpa_lightning.ops.kernel_inputs import with_env_overrides
 from fpa_lightning.ops.kernel_inputs import interpreting as _interpreting
 
 HEAD_DIMS = (16, 32, 64, 128)
@@ -74,22 +74,14 @@ _LAUNCH_SKIP = {
 _SUBTILES_SKIP = {"dq": 2, "dkdv": 2}
 
 
-def _env_override(kernel: str, suffix: str) -> int | None:
-    """FPA_<KERNEL>_<SUFFIX> as an int, or None. For A/B benchmarks only (benchmarks/attention.py, KERNEL_LOG.md)."""
-    value = os.environ.get(f"FPA_{kernel.upper()}_{suffix}")
-    return int(value) if value else None
-
-
 def _launch_cfg(kernel: str, skip: bool) -> dict:
     """Launch config of a kernel ("fwd", "dq", "dkdv", ...). FPA_<KERNEL>_{WARPS,STAGES,MAXNREG} override it for
     A/B benchmarks (MAXNREG=0 removes a cap); nothing else reads them."""
     if _interpreting():
         return {}
     cfg = dict(_LAUNCH_SKIP.get(kernel, _LAUNCH[kernel]) if skip else _LAUNCH[kernel])
-    for key, suffix in (("num_warps", "WARPS"), ("num_stages", "STAGES"), ("maxnreg", "MAXNREG")):
-        value = _env_override(kernel, suffix)
-        if value is not None:
-            cfg[key] = value
+    with_env_overrides(cfg, f"FPA_{kernel.upper()}", (("num_warps", "WARPS"), ("num_stages", "STAGES"),
+                                                      ("maxnreg", "MAXNREG")))
     if not cfg.get("maxnreg"):
         cfg.pop("maxnreg", None)
     return cfg
@@ -97,7 +89,7 @@ def _launch_cfg(kernel: str, skip: bool) -> dict:
 
 def _subtiles(kernel: str, skip: bool) -> int:
     """Sub-tiles per 64-wide tile of the dq ("dq") or dk/dv ("dkdv") kernel; FPA_<KERNEL>_SUBTILES for A/B only."""
-    value = _env_override(kernel, "SUBTILES")
+    value = env_int(f"FPA_{kernel.upper()}_SUBTILES")
     return value if value is not None else (_SUBTILES_SKIP[kernel] if skip else 1)
 
 

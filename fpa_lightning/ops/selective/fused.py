@@ -36,7 +36,8 @@ import torch
 import triton
 
 from fpa_lightning.ops.common import document_first_tokens
-from fpa_lightning.ops.kernel_inputs import check_device, check_qkv, check_scale, check_segment_ids
+from fpa_lightning.ops.kernel_inputs import check_device, check_qkv, check_scale, check_segment_ids, env_int
+from fpa_lightning.ops.kernel_inputs import with_env_overrides
 from fpa_lightning.ops.kernel_inputs import interpreting as _interpreting
 from fpa_lightning.ops.selective import kernels
 
@@ -59,11 +60,6 @@ _LAUNCH = {
 _WARPS_D128 = {"bwd_kv": 8, "bwd_q": 8}
 
 
-def _env_int(name: str) -> int | None:
-    value = os.environ.get(name)
-    return int(value) if value else None
-
-
 def _tiles() -> dict:
     """Tile sizes, powers of two >= 16: {"fwd": (BM, BN), "bwd": (BT, BN, BM)}. The forward's query tile BM is its
     carry table's granularity. In the backward, BT is the key-major kernel's query tile and both tables' granularity,
@@ -76,8 +72,8 @@ def _tiles() -> dict:
         fwd, bwd = (16, 16), (16, 16, 16)
     else:
         fwd, bwd = (64, 64), (32, 64, 64)
-    fwd = tuple(_env_int(f"SEL_FWD_{n}") or v for n, v in zip(("BM", "BN"), fwd))
-    bwd = tuple(_env_int(f"SEL_BWD_{n}") or v for n, v in zip(("BT", "BN", "BM"), bwd))
+    fwd = tuple(env_int(f"SEL_FWD_{n}") or v for n, v in zip(("BM", "BN"), fwd))
+    bwd = tuple(env_int(f"SEL_BWD_{n}") or v for n, v in zip(("BT", "BN", "BM"), bwd))
     return {"fwd": fwd, "bwd": bwd}
 
 
@@ -101,7 +97,7 @@ def _head_groups(B: int, H: int, nJ: int, device: torch.device) -> int:
     groups use less memory (the reverse-carry table is stored once per group), more give more programs. On the GPU:
     the fewest groups that give at least 4 programs per SM; in the interpreter one group (the head loop is tested).
     SEL_HEAD_GROUPS overrides it (A/B benchmarks)."""
-    forced = _env_int("SEL_HEAD_GROUPS")
+    forced = env_int("SEL_HEAD_GROUPS")
     if forced is not None:
         if forced < 1 or H % forced:
             raise ValueError(f"SEL_HEAD_GROUPS must divide H = {H}, got {forced}")
@@ -122,11 +118,7 @@ def _launch_cfg(kernel: str, D: int) -> dict:
     cfg = dict(_LAUNCH[kernel])
     if D >= 128 and kernel in _WARPS_D128:
         cfg["num_warps"] = _WARPS_D128[kernel]
-    for key, suffix in (("num_warps", "WARPS"), ("num_stages", "STAGES")):
-        value = _env_int(f"SEL_{kernel.upper()}_{suffix}")
-        if value is not None:
-            cfg[key] = value
-    return cfg
+    return with_env_overrides(cfg, f"SEL_{kernel.upper()}", (("num_warps", "WARPS"), ("num_stages", "STAGES")))
 
 
 def _empty(shape, *, dtype, device):

@@ -191,6 +191,29 @@ def accuracy(ensemble: SeedEnsemble, data: ProbeBatch, chunk: int = 512) -> list
     return (correct / max(total, 1)).tolist()
 
 
+def make_trainee(probe: Probe, variant: Variant, shape: Shape, seeds: list[int], budget: Budget,
+                 device: torch.device, impl: str = "naive") -> tuple[SeedEnsemble, torch.optim.Optimizer]:
+    """A row's seeds as one ensemble on `device` (vmapped where every layer allows it) and their AdamW optimiser."""
+    ensemble = SeedEnsemble(lambda: make_model(probe, variant, shape, impl), seeds).to(device)
+    ensemble.vmapped = runs_under_vmap(ensemble.template, device)
+    if not variant.content_retrieval:
+        ensemble.zero_queries()
+    optimizer = torch.optim.AdamW(ensemble.decay_groups(budget.weight_decay), lr=budget.lr, betas=(0.9, 0.98))
+    return ensemble, optimizer
+
+
+def train_step(ensemble: SeedEnsemble, optimizer: torch.optim.Optimizer, tokens: torch.Tensor,
+               labels: torch.Tensor, variant: Variant) -> torch.Tensor:
+    """One optimiser step of every seed on its own minibatch: tokens, labels (E, B, T) -> the (E,) losses before it."""
+    loss = per_seed_loss(ensemble(tokens), labels)  # (E,)
+    optimizer.zero_grad(set_to_none=True)
+    loss.sum().backward()
+    optimizer.step()
+    if not variant.content_retrieval:  # AdamW moved the query rows: back to zero before the next forward
+        ensemble.zero_queries()
+    return loss
+
+
 def train_row(probe: Probe, variant: Variant, shape: Shape, seeds: list[int], budget: Budget,
               device: torch.device, progress: Callable[[int, float], None] | None = None,
               test_probe: Probe | None = None, impl: str = "naive") -> RowRun:
@@ -203,11 +226,7 @@ def train_row(probe: Probe, variant: Variant, shape: Shape, seeds: list[int], bu
     pool, test = row_data(probe, budget, test_probe)
     pool, test = pool.to(device), test.to(device)
     pool_size = pool.tokens.shape[0]
-    ensemble = SeedEnsemble(lambda: make_model(probe, variant, shape, impl), seeds).to(device)
-    ensemble.vmapped = runs_under_vmap(ensemble.template, device)
-    if not variant.content_retrieval:
-        ensemble.zero_queries()
-    optimizer = torch.optim.AdamW(ensemble.decay_groups(budget.weight_decay), lr=budget.lr, betas=(0.9, 0.98))
+    ensemble, optimizer = make_trainee(probe, variant, shape, seeds, budget, device, impl)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, budget.lr_factor)
     # each seed draws its own minibatches, the same whichever seeds run beside it
     pickers = [seeded(zlib.crc32(probe.key.encode()) + seed) for seed in seeds]
@@ -215,12 +234,7 @@ def train_row(probe: Probe, variant: Variant, shape: Shape, seeds: list[int], bu
     recent = torch.zeros(len(seeds), device=device)
     for step in range(budget.steps):
         index = torch.stack([torch.randint(0, pool_size, (budget.batch,), generator=g) for g in pickers]).to(device)
-        loss = per_seed_loss(ensemble(pool.tokens[index]), pool.labels[index])  # (E,)
-        optimizer.zero_grad(set_to_none=True)
-        loss.sum().backward()
-        optimizer.step()
-        if not variant.content_retrieval:  # AdamW moved the query rows: back to zero before the next forward
-            ensemble.zero_queries()
+        loss = train_step(ensemble, optimizer, pool.tokens[index], pool.labels[index], variant)  # (E,)
         schedule.step()
         if step >= budget.steps - tail:
             recent += loss.detach()

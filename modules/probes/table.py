@@ -250,9 +250,10 @@ GROUPS: list[Group] = [
 ]
 
 
-def select(probes: list[str] | None, backends: list[str] | None) -> list[tuple[Group, str]]:
+def select(probes: list[str] | None, backends: list[str] | None,
+           groups: list[str] | None = None) -> list[tuple[Group, str]]:
     """The (group, backend) rows to run: groups whose probe name (``ladder``) or probe key (``ladder(r=10)``) is in
-    `probes`, backends in `backends` (None: all)."""
+    `probes` and whose label is in `groups`, backends in `backends` (None: no restriction)."""
     known = list(dict.fromkeys([g.probe.name for g in GROUPS] + [g.probe.key for g in GROUPS]))
     for name in probes or []:
         if name not in known:
@@ -260,8 +261,14 @@ def select(probes: list[str] | None, backends: list[str] | None) -> list[tuple[G
     for name in backends or []:
         if name not in VARIANTS:
             raise ValueError(f"unknown probe backend {name!r}; known: {', '.join(VARIANTS)}")
-    rows = [(g, b) for g in GROUPS if probes is None or g.probe.name in probes or g.probe.key in probes
+    labels = [g.label for g in GROUPS]
+    for label in groups or []:
+        if label not in labels:
+            raise ValueError(f"unknown table group {label!r}; the labels are listed by --list")
+    rows = [(g, b) for g in GROUPS
+            if (probes is None or g.probe.name in probes or g.probe.key in probes)
+            and (groups is None or g.label in groups)
             for b in g.backends if backends is None or b in backends]
     if not rows:
-        raise ValueError("no row of the table matches --probes and --backends (see --list)")
+        raise ValueError("no row of the table matches --probes, --groups and --backends (see --list)")
     return rows

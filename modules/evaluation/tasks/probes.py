@@ -1,6 +1,7 @@
 """probes: the paper's synthetic probe table, trained from scratch (no checkpoint), 15 seeds per row, sign tests.
 
-``python eval.py --task probes [--probes NAME ...] [--backends NAME ...] [--seeds 15] [--steps N] [--impl I] --out DIR``
+``python eval.py --task probes [--probes NAME ...] [--groups LABEL ...] [--backends NAME ...] [--seeds 15] [--steps N]
+[--impl I] --out DIR``
 writes ``probes.json`` (rows and comparisons), ``probes.md`` (the table beside the paper's) and ``probes.png``.
 Rows already in DIR/probes.json (or in files given to --merge) with the same settings are reused, so the table
 can be filled in over several runs. Definitions and results: docs/probes.md.
@@ -51,6 +52,8 @@ class _ListAction(argparse.Action):
 def add_arguments(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--probes", nargs="+", metavar="NAME", help="probes: only these probes, by name (ladder) or "
                        "key (ladder(r=10)) (default: the whole table; --list shows them)")
+    group.add_argument("--groups", nargs="+", metavar="LABEL", help="probes: only these table groups, by their full "
+                       "label (\"mqar, paper regime, 2 layers, 32 pairs, T=256\"; --list shows them)")
     group.add_argument("--backends", nargs="+", metavar="NAME", help="probes: only these backends (default: each "
                        "group's own)")
     group.add_argument("--seeds", type=int, help=f"probes: seeds per row, --seed .. --seed + N − 1 (default "
@@ -77,7 +80,7 @@ def check(args: argparse.Namespace, models: list[LoadedModel]) -> None:
         raise ValueError(f"--lr must be positive, got {args.lr}")
     if args.weight_decay is not None and args.weight_decay < 0:
         raise ValueError(f"--weight-decay must be non-negative, got {args.weight_decay}")
-    select(args.probes, args.backends)  # raises for unknown names or an empty selection
+    select(args.probes, args.backends, args.groups)  # raises for unknown names or an empty selection
 
 
 def machine(device: torch.device) -> str:
@@ -87,7 +90,7 @@ def machine(device: torch.device) -> str:
 
 
 def run(args: argparse.Namespace, models: list[LoadedModel], runtime: Runtime, data: EvalData) -> TaskOutput:
-    plan = select(args.probes, args.backends)
+    plan = select(args.probes, args.backends, args.groups)
     if args.impl is not None:  # every selected group on this implementation (naive: the seeds as one vmapped model)
         plan = [(replace(group, impl=args.impl), backend) for group, backend in plan]
     seeds = list(range(runtime.seed, runtime.seed + (args.seeds or DEFAULT_SEEDS)))
@@ -129,6 +132,6 @@ def _key(row: dict) -> str:
 
 
 TASK = Task("the paper's synthetic probe table: trains probe models from scratch (no --ckpt), sign tests",
-            frozenset({"probes", "backends", "seeds", "steps", "train_batch", "lr", "weight_decay", "workers", "merge",
+            frozenset({"probes", "groups", "backends", "seeds", "steps", "train_batch", "lr", "weight_decay", "workers", "merge",
                        "list"}),
             run, check=check, add_arguments=add_arguments, needs_checkpoint=False, resumes=True)

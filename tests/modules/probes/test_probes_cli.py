@@ -172,3 +172,20 @@ def test_a_fast_path_row_split_into_seed_chunks_is_the_row_trained_whole(monkeyp
         runner.merge_chunks(group, "fpa", seeds, budget, "cpu", [{"seeds": [0, 2], "accuracies": [1.0, 1.0],
                                                                    "final_loss": [0.0, 0.0], "held_out_distinct": 1,
                                                                    "seconds": 0.0}])
+
+
+def test_groups_select_rows_by_label():
+    """--groups picks whole table groups by label: the 2-layer MQAR regime group without the 3- and 4-layer groups
+    that share its probe; an unknown label raises, naming where the labels are listed."""
+    from modules.probes.table import select
+
+    label = "mqar, paper regime, 2 layers, 32 pairs, T=256"
+    plan = select(None, None, [label])
+    assert [(g.label, b) for g, b in plan] == [(label, "fpa"), (label, "sdpa"), (label, "fpa_nobias1")]
+    probe = plan[0][0].probe.key
+    assert len(select([probe], ["fpa"])) == 3  # the same probe in the 2-, 3- and 4-layer groups
+    assert [(g.label, b) for g, b in select([probe], ["fpa"], [label])] == [(label, "fpa")]
+    with pytest.raises(ValueError, match="unknown table group 'mqar'.*--list"):
+        select(None, None, ["mqar"])
+    with pytest.raises(ValueError, match="no row of the table matches"):
+        select(["ladder"], None, [label])

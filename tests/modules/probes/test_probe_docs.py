@@ -114,15 +114,15 @@ def test_the_main_table_is_the_committed_json():
     assert table_under(RUN) == markdown_table(r["rows"], r["comparisons"]).splitlines()
 
 
-def verdict_lines(text: str | None = None) -> list[str]:
-    return table_after(f"<!-- verdicts: {RUN} -->", text)
+def verdict_lines(text: str | None = None, run: str = RUN) -> list[str]:
+    return table_after(f"<!-- verdicts: {run} -->", text)
 
 
-def verdict_errors(text: str) -> list[str]:
-    """What is wrong with the verdict table of `text`: a missing or extra row, a cell that is not the JSON's, a verdict
-    of no known kind."""
-    want = {key: c for key, c in cells(ROOT / RUN).items() if c[4] != "—"}  # rows with a paper count
-    body = [split(line) for line in verdict_lines(text)[2:]]
+def verdict_errors(text: str, run: str = RUN) -> list[str]:
+    """What is wrong with the verdict table of the run `run` in `text`: a missing or extra row, a cell that is not the
+    JSON's, a verdict of no known kind."""
+    want = {key: c for key, c in cells(ROOT / run).items() if c[4] != "—"}  # rows with a paper count
+    body = [split(line) for line in verdict_lines(text, run)[2:]]
     errors = [] if [tuple(c[:2]) for c in body] == list(want) else ["not one verdict per paper row in the JSON's order"]
     for c in body:
         w = want.get(tuple(c[:2]))
@@ -136,6 +136,21 @@ def verdict_errors(text: str) -> list[str]:
 def test_every_paper_row_has_a_verdict_with_the_jsons_numbers():
     assert len(verdict_lines(page())) > 50
     assert not verdict_errors(page())
+
+
+MQAR_REGIME_RUN = "docs/probes/h200_2026-12-03_mqar_regime/probes.json"
+
+
+def test_the_mqar_regime_verdicts_are_their_json():
+    """The MQAR paper regime ran apart from the table (docs/probes.md, "Status"): its verdict table is checked against
+    its own JSON, rows trained on the GPU under the disjoint protocol; a changed count is caught."""
+    text = page()
+    assert not verdict_errors(text, MQAR_REGIME_RUN)
+    rows = results(ROOT / MQAR_REGIME_RUN)["rows"]
+    assert {(r["backend"], r["device"]) for r in rows} == {("fpa", "cuda"), ("sdpa", "cuda")}
+    line = verdict_lines(text, MQAR_REGIME_RUN)[2]
+    assert "| 6/15 |" in line
+    assert verdict_errors(text.replace(line, line.replace("| 6/15 |", "| 0/15 |", 1)), MQAR_REGIME_RUN)
 
 
 def test_the_runs_own_probes_md_is_its_json():

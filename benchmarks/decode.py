@@ -2,7 +2,7 @@
 eviction at -10), FoX and softmax on the 110M shapes, all in one run, with ratios to softmax from the same run.
 
     PYTHONPATH=. python benchmarks/decode.py [--modes eager graph] [--compile-lengths 1024 8192 16384]
-                                            [--fpa-ckpt PATH] [--json out.json]
+                                            [--fpa-ckpt PATH] [--json out.json] [--decode-attention auto]
 
 What is timed: ``DecodeSession.step`` (fpa_lightning.generation), one new token per row, after the prompt is
 prefilled by the parallel forward (fused kernels) and a few warm-up steps; CUDA events around ``--steps`` steps.
@@ -10,7 +10,9 @@ Modes: eager (kernel by kernel), graph (the step captured once in a CUDA graph a
 ``torch.compile``d, then captured; batch 1 at ``--compile-lengths``: every cache shape compiles anew, ~1 min each).
 Weights are bf16 (gate maps float32, ``cast_weights``); the models are freshly initialised, so FPA and FoX start as
 ALiBi: with eviction at -10 head h keeps about 10/m_h keys (16 to 2560). ``--fpa-ckpt`` uses a trained FPA
-checkpoint's weights instead (its kept fraction is then the real one).
+checkpoint's weights instead (its kept fraction is then the real one). ``--decode-attention`` picks the attention
+over the cache (``DecodeSession``'s attention_impl: auto, the fused Triton op on a GPU; naive, the einsums around a
+softmax; fused); every row records the one that ran under "decode_attention".
 On a CPU (no CUDA) it runs tiny shapes in eager mode only: a check that the script works, not a measurement.
 
 ``--profile`` (default then: batch 1, lengths 1k 8k 16k) also records ``--profile-steps`` steps of every
@@ -21,9 +23,10 @@ printed so that the groups can be refined); the host's CUDA synchronisations (sy
 the CPU time of the ``DecodeSession.step`` call. The kernel time is a sum of durations, not the wall time: the gap
 to the timed ms/step is the device idling between kernels (launch overhead). In graph mode the kernels replayed by
 the graph are counted when the profiler sees them (CUPTI reports graph kernels in recent torch); when it does not,
-the row says so instead of printing zeros. Caveat of naming: the cached attention of a decode step is two einsums
-(batched GEMMs, in "matmul") around a softmax ("softmax/reduce"), and the composite RMSNorm is pow/mean/rsqrt/mul
-(only the rsqrt lands in "norm"); "attention" holds fused attention kernels only. The rows of ``--json`` carry the
+the row says so instead of printing zeros. Caveat of naming: the naive cached attention of a decode step is two
+einsums (batched GEMMs, in "matmul") around a softmax ("softmax/reduce"), the fused one two Triton kernels
+(_decode_attn_*, in "attention"), and the composite RMSNorm is pow/mean/rsqrt/mul (only the rsqrt lands in "norm");
+"attention" holds fused attention kernels only. The rows of ``--json`` carry the
 profile under "profile"; ``--trace-dir DIR`` writes a Chrome trace per measurement. On a CPU the profile groups the
 aten ops (self CPU time, every op call counted, views and allocations in "view/alloc") into the same groups.
 Should a row say the profiler saw no kernels after earlier profiles in the same process, profile that configuration
@@ -87,14 +90,14 @@ def time_steps(session: DecodeSession, token: torch.Tensor, steps: int, warmup: 
 
 
 def measure(decoder: Decoder, threshold: float | None, batch: int, length: int, mode: str, steps: int,
-            warmup: int, profile_steps: int = 0, trace: str | None = None) -> dict:
+            warmup: int, profile_steps: int = 0, trace: str | None = None, attention_impl: str = "auto") -> dict:
     device = next(decoder.parameters()).device
     rule = None if threshold is None else PruneRule(threshold=threshold)
     total = steps + warmup + (1 + profile_steps if profile_steps else 0)  # the profiler's warm-up step included
     # no capacity check inside the timed steps: the check (one sync, maybe a resize and a new capture) is
     # amortised over check_every steps in real use
     session = DecodeSession(decoder, rule=rule, cuda_graph=mode != "eager", compile=mode == "compile",
-                            check_every=total + 1)
+                            check_every=total + 1, attention_impl=attention_impl)
     generator = torch.Generator().manual_seed(length)
     prompts = list(torch.randint(3, decoder.cfg.vocab_size, (batch, length), generator=generator))
     with torch.no_grad():
@@ -102,13 +105,13 @@ def measure(decoder: Decoder, threshold: float | None, batch: int, length: int, 
         ms = time_steps(session, logits.argmax(dim=-1), steps, warmup)
         # which tokens are fed does not change the work of a step: the prompt's next tokens serve again
         profile = profile_decode(session, logits.argmax(dim=-1), profile_steps, trace) if profile_steps else None
-    stats = session.stats()
+    stats, impl = session.stats(), session.attention_impl_used
     del session
     if device.type == "cuda":
         torch.cuda.empty_cache()
     result = {"ms_per_step": ms, "ms_per_token": ms / batch, "kept_fraction": stats["kept_fraction"],
               "cache_mib": stats["cache_bytes"] / 2**20, "state_share": stats["state_fraction_of_kv"],
-              "capacity": stats["capacity"]}
+              "capacity": stats["capacity"], "decode_attention": impl}
     return result if profile is None else {**result, "profile": profile}
 
 
@@ -295,6 +298,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                    help="also profile each measurement: kernels and device time per step by kernel group")
     p.add_argument("--profile-steps", type=int, default=20, help="profiled steps per measurement")
     p.add_argument("--trace-dir", help="with --profile: write a Chrome trace per measurement into this folder")
+    p.add_argument("--decode-attention", choices=("auto", "naive", "fused"), default="auto",
+                   help="the attention over the KV cache (DecodeSession's attention_impl; auto: fused on a GPU)")
     args = p.parse_args(argv)
     if args.batches is None:
         args.batches = [1] if args.profile else [1, 8]
@@ -311,7 +316,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         print("no CUDA: tiny shapes, eager mode only (a check that the benchmark runs, not a measurement)")
     machine = torch.cuda.get_device_name() if cuda else "cpu"
     print(f"decode benchmark {datetime.datetime.now():%Y-%m-%d %H:%M} on {machine}, torch {torch.__version__}, "
-          f"shapes {shapes}")
+          f"shapes {shapes}, decode attention {args.decode_attention}")
     plan = [(b, t, mode) for mode in args.modes for b in args.batches for t in args.lengths]
     plan += [(1, length, "compile") for length in args.compile_lengths]
     if args.profile and args.trace_dir:
@@ -325,7 +330,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 args.profile and args.trace_dir) else None
             try:
                 result = measure(decoder, threshold, batch, length, mode, args.steps, args.warmup,
-                                 args.profile_steps if args.profile else 0, trace)
+                                 args.profile_steps if args.profile else 0, trace, args.decode_attention)
             except Exception as err:  # one failed measurement (e.g. out of memory) is reported, the rest still run
                 result = {"error": f"{type(err).__name__}: {err}"[:300]}
             rows.append({"variant": name, "batch": batch, "length": length, "mode": mode, **result})

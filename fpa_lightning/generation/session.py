@@ -22,24 +22,19 @@ import torch
 from fpa_lightning.generation.cache import FREE, KVCache, LayerCache
 from fpa_lightning.generation.rule import KeptStats, PruneRule, PruningHook, check_rule
 from fpa_lightning.model import Decoder
+from fpa_lightning.ops.decode import cached_attention, decode_attention
+from fpa_lightning.ops.decode.fused import unsupported_reason as fused_decode_unsupported
+
+# Under torch.compile (``compile=True``) the fused op runs between graphs, as the fused parallel ops do (a graph break
+# per layer); inside a CUDA graph its two kernels are replayed like any other.
+_fused_decode = torch.compiler.disable(decode_attention)
+ATTENTION_IMPLS = ("auto", "naive", "fused")
 
 SLOT_MULTIPLE = 64  # capacities are rounded up to this many slots (aligned matmuls, fewer resizes)
 
 
 def _round_up(n: int, multiple: int = SLOT_MULTIPLE) -> int:
     return -(-n // multiple) * multiple
-
-
-def cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None,
-                     visible: torch.Tensor, scale: float) -> torch.Tensor:
-    """softmax(q·kᵀ·scale + bias) · v over the visible slots. q (B, n, H, D); k, v (B, H, S, D); bias (B, H or 1,
-    n, S) or None; visible (B, H, n, S) bool. Scores and softmax in float32 at least, as the parallel paths."""
-    scores = torch.einsum("bqhd,bhkd->bhqk", q, k) * scale  # (B, H, n, S)
-    scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
-    if bias is not None:
-        scores = scores + bias.to(scores.dtype)
-    probs = scores.masked_fill(~visible, float("-inf")).softmax(dim=-1)
-    return torch.einsum("bhqk,bhkd->bqhd", probs.to(v.dtype), v)
 
 
 def cast_weights(decoder: Decoder, dtype: torch.dtype) -> Decoder:
@@ -51,6 +46,21 @@ def cast_weights(decoder: Decoder, dtype: torch.dtype) -> Decoder:
         if id(param) not in backend_params:
             param.data = param.data.to(dtype)
     return decoder
+
+
+def _resolve_attention(impl: str, decoder: Decoder, device: torch.device) -> str:
+    """The cached attention a session runs: "naive" or "fused" (see ``DecodeSession``'s attention_impl)."""
+    if impl not in ATTENTION_IMPLS:
+        raise ValueError(f"attention_impl must be one of {ATTENTION_IMPLS}, got {impl!r}")
+    if impl == "naive":
+        return impl
+    attn = decoder.blocks[0].attn
+    reason = fused_decode_unsupported(device, attn.head_dim, attn.qkv.weight.dtype)
+    if impl == "auto":
+        return "fused" if reason is None and device.type == "cuda" else "naive"
+    if reason is not None:
+        raise ValueError(f"attention_impl='fused' cannot run here: {reason}; use 'naive' or 'auto'")
+    return impl
 
 
 class KeptCounter:
@@ -98,14 +108,18 @@ class DecodeSession:
     the kept fraction of every query (``stats()["kept_per_query"]``), for evaluation. max_length: refuse prompts
     and continuations longer than this many tokens (default: only memory bounds the length). check_every: steps
     between capacity checks under an eviction rule (each check synchronises with the device once).
+    attention_impl: the attention over the cache, "naive" (``cached_attention``), "fused" (``decode_attention``, the
+    split-K Triton kernels: a CUDA device or the interpreter, head dim 16-128, bf16/fp16/fp32; raises otherwise) or
+    "auto" (fused on CUDA where it can run, naive otherwise); the choice is ``attention_impl_used``.
     """
 
     def __init__(self, decoder: Decoder, *, rule: PruneRule | None = None, cuda_graph: bool | None = None,
                  compile: bool = False, track_kept: bool = False, max_length: int | None = None,
-                 check_every: int = 64):
+                 check_every: int = 64, attention_impl: str = "auto"):
         check_rule(decoder, rule)
         self.decoder, self.rule = decoder, rule
         self.device = next(decoder.parameters()).device
+        self.attention_impl_used = _resolve_attention(attention_impl, decoder, self.device)
         self.cuda_graph = self.device.type == "cuda" if cuda_graph is None else cuda_graph
         if self.cuda_graph and self.device.type != "cuda":
             raise ValueError(f"cuda_graph=True needs the model on a CUDA device, it is on {self.device}")
@@ -243,7 +257,11 @@ class DecodeSession:
                 cache.free(evicted[:, :, -1])
         if self.counter is not None:
             self.counter.add(layer, visible, query_pos)
-        out = cached_attention(q, cache.k, cache.v, bias, visible, attn.backend.scale)
+        if self.attention_impl_used == "fused":
+            bias = bias if bias is None else bias.float()  # as the reference adds it: in float32
+            out = _fused_decode(q, cache.k, cache.v, bias, visible, attn.backend.scale)
+        else:
+            out = cached_attention(q, cache.k, cache.v, bias, visible, attn.backend.scale)
         return attn.out(out.flatten(-2))
 
     @torch.no_grad()

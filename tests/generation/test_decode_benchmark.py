@@ -27,6 +27,7 @@ def test_decode_benchmark_runs_on_a_cpu(capsys, bench):
     rows = bench.main(["--variants", "softmax", "fpa-prune-10"])
     assert len(rows) == 8 and not any("error" in r for r in rows)
     assert {r["variant"] for r in rows} == {"softmax", "fpa-prune-10"}
+    assert {r["decode_attention"] for r in rows} == {"naive"}  # auto on a CPU
     assert not any("profile" in r for r in rows)  # only with --profile
     out = capsys.readouterr().out
     assert "x softmax" in out and "flatness" in out
@@ -49,6 +50,8 @@ KERNELS = {
         "elementwise",
     "triton_poi_fused__to_copy_add_mul_0": "elementwise",
     "_fwd_kernel": "attention",
+    "_decode_attn_partial_kernel": "attention",
+    "_decode_attn_combine_kernel": "attention",
     "_fpa_fwd_kernel": "attention",
     "flash_fwd_splitkv_kernel": "attention",
     "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 64, 4, false, false, cutlass::bfloat16_t, "

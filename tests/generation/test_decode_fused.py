@@ -1,0 +1,117 @@
+"""DecodeSession's attention over the cache: the fused op (ops/decode, "fused") against the reference einsums
+("naive"). CPU: the fused op through Triton's interpreter on float32 decoders with head dim 16, decoded logits
+(prefill, an extend piece, steps) within the same-precision bound of the float64 naive session: the fused session's
+error is at most 2x the float32 naive session's plus 8 fp32 ulps. GPU (marked `gpu`): the same in bf16 with
+CUDA-graph (and compiled) steps. And how "auto", "naive" and "fused" resolve, with clear errors."""
+import copy
+
+import pytest
+import torch
+from _gen_helpers import VOCAB, random_gates
+
+from fpa_lightning import Decoder, ModelConfig
+from fpa_lightning.generation import DecodeSession, PruneRule, cast_weights
+
+CASES = [  # (attention, rule): no bias, per-head bias, layer-shared bias, and eviction (masks from the rule)
+    ({"backend": "sdpa"}, None),
+    ({"backend": "fpa"}, None),
+    ({"backend": "fox"}, None),
+    ({"backend": "selective"}, None),
+    ({"backend": "fpa"}, PruneRule(threshold=-1.0)),
+    ({"backend": "sdpa"}, PruneRule(window=3)),
+]
+T = 20
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def decoder_d16(seed: int = 0, **attention) -> Decoder:
+    """A float64 Decoder (2 layers, 2 heads of 16: a head dim the fused op takes) with random gate maps."""
+    torch.manual_seed(seed)
+    cfg = ModelConfig(vocab_size=VOCAB, n_layer=2, d_model=32, n_head=2, d_mlp=32, max_seq_len=32,
+                      attention={"impl": "chunked", "block_size": 4, **attention})
+    return random_gates(Decoder(cfg).double().eval(), std=2.0).to(DEV)
+
+
+def decoded(decoder: Decoder, ids: torch.Tensor, impl: str, rule=None, **session) -> torch.Tensor:
+    """Logits (B, steps, V) in float64: prefill of prompts of 12 and 5 tokens, a piece of 3 (extend), then one token
+    per step up to T. The cache keeps at most 64 slots (check_every=8), so in the interpreter (chunks of 16 slots in
+    blocks of 8) row 0's keys fill two chunks and three blocks."""
+    s = DecodeSession(decoder, rule=rule, attention_impl=impl, check_every=8, **session)
+    assert s.attention_impl_used == impl
+    with torch.no_grad():
+        out = [s.prefill([ids[0, :12], ids[1, :5]], max_new_tokens=T - 5)[:, None].double()]
+        out.append(s.extend(ids[:, 12:15]).double())
+        out += [s.step(ids[:, t]).double().clone()[:, None] for t in range(15, T)]
+    assert s.cache.capacity <= 64  # eviction compacts it
+    return torch.cat(out, dim=1)
+
+
+def assert_within_bound(got, same, reference, what):
+    e_got, e_same = (got - reference).abs().max().item(), (same - reference).abs().max().item()
+    floor = 8 * torch.finfo(torch.float32).eps * (1 + reference.abs().max().item())
+    assert torch.isfinite(got).all()
+    assert e_got <= 2 * e_same + floor, f"{what}: error {e_got:.3e} > 2 x same-precision {e_same:.3e} + {floor:.1e}"
+
+
+@pytest.mark.parametrize("attention, rule", CASES, ids=lambda c: str(c))
+def test_fused_session_within_the_same_precision_bound(attention, rule):
+    decoder = decoder_d16(**attention)
+    ids = torch.randint(0, VOCAB, (2, T), generator=torch.Generator().manual_seed(0))
+    reference = decoded(decoder, ids, "naive", rule)
+    fp32 = copy.deepcopy(decoder).float()
+    same, got = decoded(fp32, ids, "naive", rule), decoded(fp32, ids, "fused", rule)
+    assert not torch.equal(got, same)  # the fused op did run
+    assert_within_bound(got, same, reference, str(attention))
+
+
+def test_attention_impl_resolution(monkeypatch):
+    fp32 = decoder_d16(backend="fpa").float()
+    assert DecodeSession(fp32).attention_impl_used == ("fused" if torch.cuda.is_available() else "naive")
+    assert DecodeSession(fp32, attention_impl="naive").attention_impl_used == "naive"
+    with pytest.raises(ValueError, match="attention_impl must be one of"):
+        DecodeSession(fp32, attention_impl="flash")
+    heads_of_8 = Decoder(ModelConfig(vocab_size=VOCAB, n_layer=1, d_model=16, n_head=2, d_mlp=32, max_seq_len=32))
+    with pytest.raises(ValueError, match="head dim"):
+        DecodeSession(heads_of_8.to(DEV).eval(), attention_impl="fused")
+    with pytest.raises(ValueError, match="bf16, fp16 or fp32"):
+        DecodeSession(decoder_d16(backend="fpa"), attention_impl="fused")  # float64
+    assert DecodeSession(decoder_d16(backend="fpa"), attention_impl="auto").attention_impl_used == "naive"
+    if not torch.cuda.is_available():
+        monkeypatch.setenv("TRITON_INTERPRET", "0")
+        with pytest.raises(ValueError, match="attention_impl='fused' cannot run here: it needs a CUDA device"):
+            DecodeSession(fp32, attention_impl="fused")
+
+
+def gpu_model(backend: str, impl: str = "auto") -> Decoder:
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=VOCAB, n_layer=2, d_model=128, n_head=2, d_mlp=256, max_seq_len=128,
+                      attention={"backend": backend, "impl": impl})  # head dim 64
+    return random_gates(Decoder(cfg).cuda().eval(), std=0.2)
+
+
+def float64_reference(decoder: Decoder, backend: str) -> Decoder:
+    """`decoder`'s weights in float64 on the naive parallel path: the fused parallel kernels that "auto" takes on a
+    GPU for the prefill refuse float64."""
+    reference = gpu_model(backend, "naive")
+    reference.load_state_dict(decoder.state_dict())
+    return reference.double()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend, rule, dtype, compile", [
+    ("sdpa", None, torch.bfloat16, False), ("fpa", None, torch.bfloat16, False),
+    ("selective", None, torch.bfloat16, False), ("fpa", None, torch.bfloat16, True),
+    # eviction in float32: in bf16 a key whose bias lies within rounding of the threshold may be evicted by one
+    # session and kept by the other, whichever attention op runs
+    ("fpa", PruneRule(threshold=-2.0), torch.float32, False)],
+    ids=["sdpa", "fpa", "selective", "fpa-compiled", "fpa-evict-fp32"])
+def test_gpu_graph_decoding_with_the_fused_op(backend, rule, dtype, compile):
+    decoder = gpu_model(backend)
+    ids = torch.randint(0, VOCAB, (2, T), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+    reference = decoded(float64_reference(decoder, backend), ids, "naive", rule, cuda_graph=False)
+    low = cast_weights(copy.deepcopy(decoder), dtype)
+    same = decoded(low, ids, "naive", rule, cuda_graph=True)
+    got = decoded(low, ids, "fused", rule, cuda_graph=True, compile=compile)
+    eager = decoded(low, ids, "fused", rule, cuda_graph=False)
+    torch.testing.assert_close(got, eager, atol=1e-2 if compile else 1e-3, rtol=0)  # a stale buffer would show
+    assert_within_bound(got, same, reference, backend)

@@ -38,8 +38,7 @@ HEAD_DIMS = (16, 32, 64, 128)
 TEST_HOOK_POISON_OUTPUTS = False
 
 # GPU launch choices, not yet tuned by an A/B (benchmarks/decode.py with the overrides below; KERNEL_LOG.md, "Decode
-# attention v1"): blocks of 4096 / D
-# slots (64 at D <= 64) on 8 warps at D >= 64 (4 below), 128 registers per thread at D = 64 and 128 in an offline
+# attention v1"): blocks of 4096 / D slots (64 at D <= 64) on 8 warps at D >= 64 (4 below), 128 registers per thread at D = 64 and 128 in an offline
 # sm_90a compile (Triton 3.9; 4 warps took 197 at D = 64), chunks of at least MIN_CHUNK slots and enough (row, chunk)
 # programs for PROGRAMS_PER_SM on every SM; the combine takes 16 splits at a time on 4 warps. The interpreter: blocks
 # of 8 in chunks of 16 slots, combined 4 splits at a time, so its tiny tests cross every boundary. DECODE_BLOCK_S,

@@ -32,12 +32,18 @@ def check_qkv(op: str, q, k, v, head_dims: tuple[int, ...], others: dict | None 
                          f"{tuple(k.shape)}, {tuple(v.shape)}")
     if T < 1 or B < 1 or H < 1:
         raise ValueError(f"{op}: empty input shape {tuple(q.shape)}")
+    check_head_dim_and_dtype(op, q, k, v, head_dims)
+    return B, T, H, D
+
+
+def check_head_dim_and_dtype(op: str, q, k, v, head_dims: tuple[int, ...]) -> None:
+    """q's last dim (the head dim) in head_dims, and q, k, v of one dtype of QKV_DTYPES."""
+    D = q.shape[-1]
     if D not in head_dims:
         raise ValueError(f"{op}: head dim D must be one of {head_dims}, got {D}")
     if q.dtype not in QKV_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
         raise ValueError(f"{op}: q, k, v must share one dtype among bf16, fp16, fp32; got "
                          f"{q.dtype}, {k.dtype}, {v.dtype}")
-    return B, T, H, D
 
 
 def check_device(op: str, tensors: dict) -> torch.device:

@@ -26,7 +26,7 @@ import torch
 import triton
 
 from fpa_lightning.ops.decode import kernels
-from fpa_lightning.ops.kernel_inputs import QKV_DTYPES, check_device, check_scale
+from fpa_lightning.ops.kernel_inputs import QKV_DTYPES, check_device, check_head_dim_and_dtype, check_scale
 from fpa_lightning.ops.kernel_inputs import interpreting as _interpreting
 
 OP = "decode_attention"
@@ -117,11 +117,7 @@ def _check(q, k, v, bias, visible, scale) -> None:
                          f"got {tuple(k.shape)}, {tuple(v.shape)}")
     if min(B, n, H, S) < 1:
         raise ValueError(f"{OP}: empty input: q {tuple(q.shape)}, k {tuple(k.shape)}")
-    if D not in HEAD_DIMS:
-        raise ValueError(f"{OP}: head dim D must be one of {HEAD_DIMS}, got {D}")
-    if q.dtype not in QKV_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
-        raise ValueError(f"{OP}: q, k, v must share one dtype among bf16, fp16, fp32; got {q.dtype}, {k.dtype}, "
-                         f"{v.dtype}")
+    check_head_dim_and_dtype(OP, q, k, v, HEAD_DIMS)
     if bias is not None:
         if bias.dim() != 4 or bias.shape[1] not in (1, H) or bias.shape[0] != B or bias.shape[2:] != (n, S):
             raise ValueError(f"{OP}: bias must be None or (B, H or 1, n, S) = ({B}, {H} or 1, {n}, {S}), got "

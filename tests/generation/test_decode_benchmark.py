@@ -1,25 +1,16 @@
 """benchmarks/decode.py runs on a CPU (tiny shapes, eager): every variant measured, ratios printed; its --profile
 groups kernel (and aten op) names and adds the groups up to the total."""
-import importlib.util
 import json
 import math
-import pathlib
 
 import pytest
 import torch
-
-
-def load_benchmark():
-    path = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "decode.py"
-    spec = importlib.util.spec_from_file_location("decode_benchmark", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from _benchmark_scripts import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench():
-    return load_benchmark()
+    return load_benchmark("decode")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU run is the real benchmark")

@@ -1,25 +1,15 @@
 """benchmarks/probe_step.py on a CPU (2 seeds, 4 sequences): it trains a row's ensemble through the runner's own
 ``train_step`` and reports a step's wall time, kernel count and the row's settings; a group label must name one
 group."""
-import importlib.util
-import pathlib
-
 import pytest
 import torch
+from _benchmark_scripts import load_benchmark
 
 from fpa_lightning.probes.train import Budget
 
 
-def load_benchmark():
-    path = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "probe_step.py"
-    spec = importlib.util.spec_from_file_location("probe_step_benchmark", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_a_probe_step_is_measured_on_a_cpu():
-    bench = load_benchmark()
+    bench = load_benchmark("probe_step")
     group = bench.find_group("mqar, paper regime, 2 layers, 32 pairs, T=256")
     row = bench.measure(group, "fpa", 2, Budget(batch=4), warmup=1, steps=2, profile_steps=1, top=3,
                         device=torch.device("cpu"))
@@ -31,7 +21,7 @@ def test_a_probe_step_is_measured_on_a_cpu():
 
 
 def test_a_group_label_must_name_one_group():
-    bench = load_benchmark()
+    bench = load_benchmark("probe_step")
     assert bench.find_group("ladder, d=4, r=6").label == "ladder, d=4, r=6"
     with pytest.raises(SystemExit, match="matches 0 groups"):
         bench.find_group("no such group")

@@ -38,12 +38,12 @@ HEAD_DIMS = (16, 32, 64, 128)
 TEST_HOOK_POISON_OUTPUTS = False
 
 # GPU launch choices, not yet tuned by an A/B (benchmarks/decode.py with the overrides below; KERNEL_LOG.md, "Decode
-# attention v1"): blocks of 4096 / D slots (64 at D <= 64) on 8 warps at D >= 64 (4 below), 128 registers per thread at D = 64 and 128 in an offline
-# sm_90a compile (Triton 3.9; 4 warps took 197 at D = 64), chunks of at least MIN_CHUNK slots and enough (row, chunk)
-# programs for PROGRAMS_PER_SM on every SM; the combine takes 16 splits at a time on 4 warps. The interpreter: blocks
-# of 8 in chunks of 16 slots, combined 4 splits at a time, so its tiny tests cross every boundary. DECODE_BLOCK_S,
-# DECODE_CHUNK (a fixed chunk, a multiple of the block), DECODE_WARPS, DECODE_STAGES override them (A/B benchmarks
-# only).
+# attention v1"): blocks of 4096 / D slots (64 at D <= 64) on 8 warps at D >= 64 (4 below), 128 registers per thread
+# at D = 64 and 128 in an offline sm_90a compile (Triton 3.9; 4 warps took 197 at D = 64), chunks of at least
+# MIN_CHUNK slots and enough (row, chunk) programs for PROGRAMS_PER_SM on every SM; the combine takes 16 splits at a
+# time on 4 warps. The interpreter: blocks of 8 in chunks of 16 slots, combined 4 splits at a time, so its tiny tests
+# cross every boundary. DECODE_BLOCK_S, DECODE_CHUNK (a fixed chunk, a multiple of the block), DECODE_WARPS,
+# DECODE_STAGES override them (A/B benchmarks only).
 MIN_CHUNK, PROGRAMS_PER_SM, COMBINE_SPLITS = 128, 4, 16
 _INTERPRETER = {"block_s": 8, "chunk": 16, "sb": 4}
 

@@ -132,6 +132,6 @@ def _key(row: dict) -> str:
 
 
 TASK = Task("the paper's synthetic probe table: trains probe models from scratch (no --ckpt), sign tests",
-            frozenset({"probes", "groups", "backends", "seeds", "steps", "train_batch", "lr", "weight_decay", "workers", "merge",
-                       "list"}),
+            frozenset({"probes", "groups", "backends", "seeds", "steps", "train_batch", "lr", "weight_decay", "workers",
+                       "merge", "list"}),
             run, check=check, add_arguments=add_arguments, needs_checkpoint=False, resumes=True)

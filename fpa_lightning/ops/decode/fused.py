@@ -20,13 +20,13 @@ Layout follows ops/fpa and ops/selective: input checks here, kernels in kernels.
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
 
 from fpa_lightning.ops.decode import kernels
-from fpa_lightning.ops.kernel_inputs import QKV_DTYPES, check_device, check_head_dim_and_dtype, check_scale
+from fpa_lightning.ops.kernel_inputs import QKV_DTYPES, check_device, check_head_dim_and_dtype, check_scale, env_int
+from fpa_lightning.ops.kernel_inputs import with_env_overrides
 from fpa_lightning.ops.kernel_inputs import interpreting as _interpreting
 
 OP = "decode_attention"
@@ -48,11 +48,6 @@ MIN_CHUNK, PROGRAMS_PER_SM, COMBINE_SPLITS = 128, 4, 16
 _INTERPRETER = {"block_s": 8, "chunk": 16, "sb": 4}
 
 
-def _env_int(name: str) -> int | None:
-    value = os.environ.get(name)
-    return int(value) if value else None
-
-
 @functools.lru_cache(maxsize=None)
 def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
@@ -65,11 +60,11 @@ def _plan(rows: int, S: int, D: int, device: torch.device) -> tuple[int, int, in
     if _interpreting() or device.type != "cuda":
         block, chunk, sb = _INTERPRETER["block_s"], _INTERPRETER["chunk"], _INTERPRETER["sb"]
     else:
-        block = _env_int("DECODE_BLOCK_S") or min(64, 4096 // D)
+        block = env_int("DECODE_BLOCK_S") or min(64, 4096 // D)
         target = PROGRAMS_PER_SM * _sm_count(device.index if device.index is not None else torch.cuda.current_device())
         chunk = max(MIN_CHUNK, block, triton.next_power_of_2(triton.cdiv(S * rows, target)))
         sb = COMBINE_SPLITS
-    chunk = _env_int("DECODE_CHUNK") or chunk
+    chunk = env_int("DECODE_CHUNK") or chunk
     if block < 1 or block & (block - 1) or chunk % block:
         raise ValueError(f"{OP}: the block must be a power of two and divide the chunk, got {block} and {chunk}")
     splits = triton.cdiv(S, chunk)
@@ -79,8 +74,8 @@ def _plan(rows: int, S: int, D: int, device: torch.device) -> tuple[int, int, in
 def _launch_cfg(kernel: str, D: int) -> dict:
     if _interpreting():
         return {}
-    warps = 8 if kernel == "partial" and D >= 64 else 4
-    return {"num_warps": _env_int("DECODE_WARPS") or warps, "num_stages": _env_int("DECODE_STAGES") or 2}
+    cfg = {"num_warps": 8 if kernel == "partial" and D >= 64 else 4, "num_stages": 2}
+    return with_env_overrides(cfg, "DECODE", (("num_warps", "WARPS"), ("num_stages", "STAGES")))
 
 
 def _empty(shape, *, dtype, device):

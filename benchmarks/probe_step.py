@@ -13,13 +13,13 @@ from __future__ import annotations
 import argparse
 import json
 import time
-import zlib
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 from fpa_lightning.probes.model import variant as probe_variant
-from fpa_lightning.probes.train import Budget, make_trainee, seeded, train_step, training_pool
+from fpa_lightning.probes.train import Budget, draw_minibatches, make_trainee, minibatch_pickers, train_step
+from fpa_lightning.probes.train import training_pool
 from modules.probes.table import GROUPS
 
 
@@ -42,11 +42,10 @@ def measure(group, backend: str, seeds: int, budget: Budget, warmup: int, steps:
     pool = training_pool(group.probe, min(budget.pool, 4 * budget.batch), budget.holdout).to(device)
     ensemble, optimizer = make_trainee(group.probe, var, group.shape, list(range(seeds)), budget, device,
                                        group.impl)
-    pickers = [seeded(zlib.crc32(group.probe.key.encode()) + s) for s in range(seeds)]
+    pickers = minibatch_pickers(group.probe, list(range(seeds)))
 
     def step():
-        index = torch.stack([torch.randint(0, pool.tokens.shape[0], (budget.batch,), generator=g)
-                             for g in pickers]).to(device)
+        index = draw_minibatches(pickers, pool.tokens.shape[0], budget.batch, device)
         train_step(ensemble, optimizer, pool.tokens[index], pool.labels[index], var)
 
     for _ in range(warmup):
@@ -66,7 +65,7 @@ def measure(group, backend: str, seeds: int, budget: Budget, warmup: int, steps:
     per_step = lambda us: round(us / 1e3 / profile_steps, 3)  # noqa: E731
     return {
         "group": group.label, "backend": backend, "seeds": seeds, "batch": budget.batch,
-        "tokens_per_step": seeds * budget.batch * group.probe.sample(1, seeded(0)).tokens.shape[-1],
+        "tokens_per_step": seeds * budget.batch * pool.tokens.shape[-1],
         "vmapped": ensemble.vmapped, "impl": group.impl,
         "tf32": torch.backends.cuda.matmul.allow_tf32,
         "wall_ms_per_step": round(wall_ms, 3),

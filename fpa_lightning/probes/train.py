@@ -202,6 +202,16 @@ def make_trainee(probe: Probe, variant: Variant, shape: Shape, seeds: list[int],
     return ensemble, optimizer
 
 
+def minibatch_pickers(probe: Probe, seeds: list[int]) -> list[torch.Generator]:
+    """One generator per seed for its minibatches: each seed draws the same ones whichever seeds run beside it."""
+    return [seeded(zlib.crc32(probe.key.encode()) + seed) for seed in seeds]
+
+
+def draw_minibatches(pickers: list[torch.Generator], pool_size: int, batch: int, device: torch.device) -> torch.Tensor:
+    """(E, batch) pool indices, row i drawn with seed i's picker."""
+    return torch.stack([torch.randint(0, pool_size, (batch,), generator=g) for g in pickers]).to(device)
+
+
 def train_step(ensemble: SeedEnsemble, optimizer: torch.optim.Optimizer, tokens: torch.Tensor,
                labels: torch.Tensor, variant: Variant) -> torch.Tensor:
     """One optimiser step of every seed on its own minibatch: tokens, labels (E, B, T) -> the (E,) losses before it."""
@@ -228,12 +238,11 @@ def train_row(probe: Probe, variant: Variant, shape: Shape, seeds: list[int], bu
     pool_size = pool.tokens.shape[0]
     ensemble, optimizer = make_trainee(probe, variant, shape, seeds, budget, device, impl)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, budget.lr_factor)
-    # each seed draws its own minibatches, the same whichever seeds run beside it
-    pickers = [seeded(zlib.crc32(probe.key.encode()) + seed) for seed in seeds]
+    pickers = minibatch_pickers(probe, seeds)
     tail = max(1, budget.steps // 20)
     recent = torch.zeros(len(seeds), device=device)
     for step in range(budget.steps):
-        index = torch.stack([torch.randint(0, pool_size, (budget.batch,), generator=g) for g in pickers]).to(device)
+        index = draw_minibatches(pickers, pool_size, budget.batch, device)
         loss = train_step(ensemble, optimizer, pool.tokens[index], pool.labels[index], variant)  # (E,)
         schedule.step()
         if step >= budget.steps - tail:

@@ -2,7 +2,9 @@
 
 A finished row is a plain dict (``row_record``). Rows already present in an earlier ``probes.json`` (the output
 folder's own, or files passed to merge) with the same group, backend, seeds, shape, budget and test probe are reused,
-not retrained, so a table can be filled in over several runs and machines. The budget includes the held-out split
+not retrained, so a table can be filled in over several runs and machines. A row may also be trained in seed ranges
+(``eval.py --seed A --seeds N`` in separate runs): earlier rows that differ only in their seeds and together cover
+the row's seeds exactly are joined into it (``assemble``). The budget includes the held-out split
 (``Budget.holdout``), so rows trained before the held-out set was made disjoint from the pool are never reused.
 """
 from __future__ import annotations
@@ -97,6 +99,55 @@ def _find(rows: list[dict], identity: dict) -> dict | None:
     return next((r for r in rows if all(r.get(k) == v for k, v in identity.items())), None)
 
 
+def _same_but_seeds(row: dict, identity: dict) -> bool:
+    return all(row.get(k) == v for k, v in identity.items() if k != "seeds")
+
+
+def seed_cover(rows: list[dict], seeds: list[int]) -> list[dict] | None:
+    """Rows whose seeds partition `seeds` exactly (each row's seeds a disjoint part), or None. Tried in order of
+    their first seed, so the first cover found is the earliest-recorded rows' (a depth-first exact cover)."""
+    candidates = sorted((r for r in rows if set(r["seeds"]) <= set(seeds)), key=lambda r: min(r["seeds"], default=0))
+
+    def cover(left: frozenset[int], start: int) -> list[dict] | None:
+        if not left:
+            return []
+        first = min(left)
+        for j in range(start, len(candidates)):
+            part = set(candidates[j]["seeds"])
+            if first in part and part <= left and len(part) == len(candidates[j]["seeds"]):
+                rest = cover(left - part, j + 1)
+                if rest is not None:
+                    return [candidates[j], *rest]
+        return None
+
+    return cover(frozenset(seeds), 0)
+
+
+def assemble(group: Group, backend: str, seeds: list[int], budget: Budget, earlier: list[dict]) -> dict | None:
+    """The row joined from earlier rows trained on parts of its seeds (same identity otherwise), or None. Each seed
+    trains as it would alone (``SeedEnsemble``, ``minibatch_pickers``), so the joined row is the row trained whole;
+    its ``device`` lists the parts' devices."""
+    identity = row_identity(group, backend, seeds, budget)
+    parts = seed_cover([r for r in earlier if _same_but_seeds(r, identity)], seeds)
+    if not parts or len(parts) == 1:
+        return None  # no cover, or the row itself (which _find returns)
+    chunks = [{key: part[key] for key in ("seeds", "accuracies", "final_loss", "held_out_distinct", "seconds")}
+              for part in parts]
+    devices = ", ".join(dict.fromkeys(part["device"] for part in parts))
+    return merge_chunks(group, backend, seeds, budget, devices, chunks)
+
+
+def is_seed_part(row: dict, rows: list[dict]) -> bool:
+    """Whether `row` trained a strict subset of the seeds of one of `rows` that is otherwise the same experiment
+    (a seed range joined into that row by ``assemble``)."""
+    identity = {k: v for k, v in row.items() if k in ROW_KEYS}
+    return any(_same_but_seeds(other, identity) and set(row["seeds"]) < set(other["seeds"]) for other in rows)
+
+
+ROW_KEYS = ("group", "probe", "test_probe", "backend", "seeds", "shape", "budget", "criterion", "impl")
+"""The keys of ``row_identity``."""
+
+
 def budget_for(group: Group, budget: Budget, steps: int | None) -> Budget:
     return replace(budget, steps=steps or group.steps)
 
@@ -107,7 +158,9 @@ def run_rows(plan: list[tuple[Group, str]], seeds: list[int], budget: Budget, st
     path), every finished row is saved there at once, so an interrupted run loses nothing."""
     todo, done = [], {}
     for i, (group, backend) in enumerate(plan):
-        found = _find(earlier, row_identity(group, backend, seeds, budget_for(group, budget, steps)))
+        row_budget = budget_for(group, budget, steps)
+        found = _find(earlier, row_identity(group, backend, seeds, row_budget))
+        found = found if found is not None else assemble(group, backend, seeds, row_budget, earlier)
         if found is not None:
             done[i] = found
         else:

@@ -4,7 +4,8 @@
 [--impl I] --out DIR``
 writes ``probes.json`` (rows and comparisons), ``probes.md`` (the table beside the paper's) and ``probes.png``.
 Rows already in DIR/probes.json (or in files given to --merge) with the same settings are reused, so the table
-can be filled in over several runs. Definitions and results: docs/probes.md.
+can be filled in over several runs; a row trained in seed ranges (``--seed A --seeds N`` in separate runs) is joined
+from them. Definitions and results: docs/probes.md.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from fpa_lightning.probes.model import VARIANTS
 from fpa_lightning.probes.train import Budget
 from modules.evaluation.tasks.common import Task, TaskOutput
 from modules.probes.report import comparison_table, markdown_table, plot_table
-from modules.probes.runner import PARTIAL, comparisons, load_rows, run_rows
+from modules.probes.runner import PARTIAL, comparisons, is_seed_part, load_rows, run_rows
 from modules.probes.table import GROUPS, select
 
 DEFAULT_SEEDS = 15
@@ -116,11 +117,12 @@ def run(args: argparse.Namespace, models: list[LoadedModel], runtime: Runtime, d
 
 
 def _with_other_rows(rows: list[dict], earlier: list[dict]) -> list[dict]:
-    """This run's rows plus every earlier row it did not redo (first copy of each), in the table's group order."""
+    """This run's rows plus every earlier row it did not redo (first copy of each) and did not join as a seed range
+    of one of its rows, in the table's group order."""
     keys = {_key(r) for r in rows}
     merged = list(rows)
     for r in earlier:
-        if _key(r) not in keys:
+        if _key(r) not in keys and not is_seed_part(r, rows):
             keys.add(_key(r))
             merged.append(r)
     order = {g.label: i for i, g in enumerate(GROUPS)}

@@ -174,6 +174,40 @@ def test_a_fast_path_row_split_into_seed_chunks_is_the_row_trained_whole(monkeyp
                                                                    "seconds": 0.0}])
 
 
+def test_a_row_trained_in_seed_ranges_is_joined_into_the_whole_row(tmp_path, capsys):
+    """A row split over separate runs (--seed A --seeds N) and merged is the row trained whole, seed for seed; the
+    parts are not listed again beside it, and ranges that overlap or leave a seed out are not joined."""
+    one = ["--task", "probes", "--probes", "dip_duration(r=8, duration=variable, order=any)", "--backends", "fpa",
+           "--steps", "3", "--train-batch", "4"]
+    whole, first, rest = (str(tmp_path / name) for name in ("whole", "first", "rest"))
+    main([*one, "--seeds", "3", "--out", whole])
+    main([*one, "--seed", "0", "--seeds", "1", "--out", first])
+    main([*one, "--seed", "1", "--seeds", "2", "--out", rest])
+    capsys.readouterr()
+    joined = str(tmp_path / "joined")
+    path = main([*one, "--seeds", "3", "--merge", first, rest, "--out", joined])
+    assert "1 reused from earlier results, 0 to train" in capsys.readouterr().out
+    with open(path) as f:
+        rows = json.load(f)["results"]["rows"]
+    with open(os.path.join(whole, "probes.json")) as f:
+        reference = json.load(f)["results"]["rows"]
+    assert len(rows) == 1 and rows[0]["seeds"] == [0, 1, 2]
+    for key in ("accuracies", "success", "successes", "final_loss", "held_out_distinct"):
+        assert rows[0][key] == reference[0][key], key
+    # seeds 1..3 are not covered by {0}, {1, 2}: a seed would be missing, so the row is trained
+    main([*one, "--seed", "1", "--seeds", "3", "--merge", first, rest, "--out", str(tmp_path / "uncovered")])
+    assert "0 reused from earlier results, 1 to train" in capsys.readouterr().out
+
+
+def test_seed_cover_is_exact():
+    from modules.probes.runner import seed_cover
+    parts = [{"seeds": [0, 1]}, {"seeds": [1, 2]}, {"seeds": [2, 3]}, {"seeds": [0]}, {"seeds": [1]}]
+    assert [p["seeds"] for p in seed_cover(parts, [0, 1, 2, 3])] == [[0, 1], [2, 3]]
+    assert [p["seeds"] for p in seed_cover(parts, [0, 1, 2])] == [[0], [1, 2]]  # [0, 1] leads nowhere: backtracked
+    assert seed_cover(parts, [0, 1, 2, 3, 4]) is None
+    assert seed_cover([{"seeds": [0, 0]}], [0]) is None  # a malformed part with a repeated seed never counts
+
+
 def test_groups_select_rows_by_label():
     """--groups picks whole table groups by label: the 2-layer MQAR regime group without the 3- and 4-layer groups
     that share its probe; an unknown label raises, naming where the labels are listed."""

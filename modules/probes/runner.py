@@ -4,7 +4,8 @@ A finished row is a plain dict (``row_record``). Rows already present in an earl
 folder's own, or files passed to merge) with the same group, backend, seeds, shape, budget and test probe are reused,
 not retrained, so a table can be filled in over several runs and machines. A row may also be trained in seed ranges
 (``eval.py --seed A --seeds N`` in separate runs): earlier rows that differ only in their seeds and together cover
-the row's seeds exactly are joined into it (``assemble``). The budget includes the held-out split
+the row's seeds exactly are joined into it, and a row they cover in part trains only the seeds they lack
+(``earlier_parts``). An interrupted run keeps each finished chunk of seeds of a split row in the same way. The budget includes the held-out split
 (``Budget.holdout``), so rows trained before the held-out set was made disjoint from the pool are never reused.
 """
 from __future__ import annotations
@@ -36,10 +37,17 @@ def row_identity(group: Group, backend: str, seeds: list[int], budget: Budget) -
     return identity if group.impl == "naive" else {**identity, "impl": group.impl}
 
 
-def row_record(group: Group, backend: str, seeds: list[int], budget: Budget, device: str, progress=None) -> dict:
-    """Train one row and return its record."""
-    return merge_chunks(group, backend, seeds, budget, device, [train_chunk(group, backend, seeds, budget, device,
-                                                                            progress)])
+def row_record(group: Group, backend: str, seeds: list[int], budget: Budget, device: str, progress=None,
+               parts: list[dict] = ()) -> dict:
+    """Train one row and return its record; with `parts` (chunks of earlier runs), only the seeds they lack."""
+    done = {seed for part in parts for seed in part["seeds"]}
+    missing = [seed for seed in seeds if seed not in done]
+    return merge_chunks(group, backend, seeds, budget, device,
+                        [*parts, train_chunk(group, backend, missing, budget, device, progress)])
+
+
+CHUNK_KEYS = ("seeds", "accuracies", "final_loss", "held_out_distinct", "seconds", "device")
+"""What a row's record keeps of each chunk of seeds trained together (``train_chunk``)."""
 
 
 def train_chunk(group: Group, backend: str, seeds: list[int], budget: Budget, device: str, progress=None) -> dict:
@@ -47,23 +55,26 @@ def train_chunk(group: Group, backend: str, seeds: list[int], budget: Budget, de
     run = train_row(group.probe, variant(backend), group.shape, seeds, budget, torch.device(device), progress,
                     test_probe=group.test_probe, impl=group.impl)
     return {"seeds": list(seeds), "accuracies": run.accuracies, "final_loss": run.final_loss,
-            "held_out_distinct": run.held_out_distinct, "seconds": run.seconds}
+            "held_out_distinct": run.held_out_distinct, "seconds": run.seconds, "device": device}
 
 
 def merge_chunks(group: Group, backend: str, seeds: list[int], budget: Budget, device: str, chunks: list[dict]) -> dict:
-    """One row's record from the chunks its seeds were trained in (any order). ``seconds`` is their training time
-    summed, so it means the same whether a row ran whole or split."""
+    """One row's record from the chunks its seeds were trained in (any order; chunks or earlier rows of seed
+    ranges). ``seconds`` is their training time summed, so it means the same whether a row ran whole or split;
+    ``device`` lists the chunks' devices (`device` for a chunk that names none)."""
     by_seed = {seed: (acc, loss) for c in chunks for seed, acc, loss in zip(c["seeds"], c["accuracies"],
                                                                            c["final_loss"])}
-    if sorted(by_seed) != sorted(seeds):
-        raise ValueError(f"{group.label} · {backend}: the chunks trained seeds {sorted(by_seed)}, not {sorted(seeds)}")
+    if sorted(by_seed) != sorted(seeds) or sum(len(c["seeds"]) for c in chunks) != len(seeds):
+        raise ValueError(f"{group.label} · {backend}: the chunks trained seeds "
+                         f"{sorted(s for c in chunks for s in c['seeds'])}, not {sorted(seeds)}")
     accuracies = [by_seed[s][0] for s in seeds]
     success = successes(accuracies, group.criterion)
     return {**row_identity(group, backend, seeds, budget), "probe_name": group.probe.name,
             "params": group.probe.params, "variant": variant(backend).description,
             "accuracies": accuracies, "success": success, "successes": sum(success),
             "final_loss": [by_seed[s][1] for s in seeds], "held_out_distinct": chunks[0]["held_out_distinct"],
-            "seconds": round(sum(c["seconds"] for c in chunks), 1), "device": device,
+            "seconds": round(sum(c["seconds"] for c in chunks), 1),
+            "device": ", ".join(dict.fromkeys(c.get("device", device) for c in chunks)),
             "paper": group.paper.get(backend)}
 
 
@@ -123,23 +134,26 @@ def seed_cover(rows: list[dict], seeds: list[int]) -> list[dict] | None:
     return cover(frozenset(seeds), 0)
 
 
-def assemble(group: Group, backend: str, seeds: list[int], budget: Budget, earlier: list[dict]) -> dict | None:
-    """The row joined from earlier rows trained on parts of its seeds (same identity otherwise), or None. Each seed
-    trains as it would alone (``SeedEnsemble``, ``minibatch_pickers``), so the joined row is the row trained whole;
-    its ``device`` lists the parts' devices."""
+def earlier_parts(group: Group, backend: str, seeds: list[int], budget: Budget, earlier: list[dict]) -> list[dict]:
+    """Earlier rows of this row's experiment trained on disjoint parts of its seeds (seed ranges run apart, or the
+    chunks an interrupted run saved), as chunks: an exact cover of the seeds where one exists, else as many disjoint
+    parts as a greedy pick of the largest finds. Each seed trains as it would alone (``SeedEnsemble``,
+    ``minibatch_pickers``), so a row joined from parts is the row trained whole."""
     identity = row_identity(group, backend, seeds, budget)
-    parts = seed_cover([r for r in earlier if _same_but_seeds(r, identity)], seeds)
-    if not parts or len(parts) == 1:
-        return None  # no cover, or the row itself (which _find returns)
-    chunks = [{key: part[key] for key in ("seeds", "accuracies", "final_loss", "held_out_distinct", "seconds")}
-              for part in parts]
-    devices = ", ".join(dict.fromkeys(part["device"] for part in parts))
-    return merge_chunks(group, backend, seeds, budget, devices, chunks)
+    candidates = [r for r in earlier if _same_but_seeds(r, identity) and len(set(r["seeds"])) == len(r["seeds"])]
+    parts = seed_cover(candidates, seeds)
+    if parts is None:
+        parts, taken = [], set()
+        for row in sorted((r for r in candidates if set(r["seeds"]) <= set(seeds)), key=lambda r: -len(r["seeds"])):
+            if taken.isdisjoint(row["seeds"]):
+                parts.append(row)
+                taken.update(row["seeds"])
+    return [{key: part[key] for key in CHUNK_KEYS} for part in parts]
 
 
 def is_seed_part(row: dict, rows: list[dict]) -> bool:
     """Whether `row` trained a strict subset of the seeds of one of `rows` that is otherwise the same experiment
-    (a seed range joined into that row by ``assemble``)."""
+    (a seed range joined into that row, ``earlier_parts``)."""
     identity = {k: v for k, v in row.items() if k in ROW_KEYS}
     return any(_same_but_seeds(other, identity) and set(row["seeds"]) < set(other["seeds"]) for other in rows)
 
@@ -154,70 +168,101 @@ def budget_for(group: Group, budget: Budget, steps: int | None) -> Budget:
 
 def run_rows(plan: list[tuple[Group, str]], seeds: list[int], budget: Budget, steps: int | None, device: str,
              earlier: list[dict], workers: int = 1, log=print, partial: str | None = None) -> list[dict]:
-    """Train every planned row not found in `earlier`; returns the records in plan order. With `partial` (a file
-    path), every finished row is saved there at once, so an interrupted run loses nothing."""
-    todo, done = [], {}
+    """Train every planned row not found in `earlier` (the seeds that earlier seed ranges lack); returns the records
+    in plan order. With `partial` (a file path), every finished row, and every finished chunk of a split row, is
+    saved there at once, so an interrupted run loses nothing that finished."""
+    todo, done, parts = [], {}, {}
     for i, (group, backend) in enumerate(plan):
         row_budget = budget_for(group, budget, steps)
         found = _find(earlier, row_identity(group, backend, seeds, row_budget))
-        found = found if found is not None else assemble(group, backend, seeds, row_budget, earlier)
+        parts[i] = [] if found is not None else earlier_parts(group, backend, seeds, row_budget, earlier)
+        if found is None and sum(len(p["seeds"]) for p in parts[i]) == len(seeds):
+            found = merge_chunks(group, backend, seeds, row_budget, device, parts[i])
         if found is not None:
             done[i] = found
         else:
             todo.append(i)
+    resumed = sum(bool(parts[i]) for i in todo)
     log(f"probes: {len(plan)} rows, {len(plan) - len(todo)} reused from earlier results, {len(todo)} to train "
-        f"({len(seeds)} seeds each, on {device}{f', {workers} workers' if workers > 1 else ''})")
+        f"({len(seeds)} seeds each, on {device}{f', {workers} workers' if workers > 1 else ''}"
+        f"{f'; {resumed} of them only the seeds earlier seed ranges lack' if resumed else ''})")
+    saved = _Saved(done, partial)
     started = time.time()
 
     def finished(n: int, i: int, record: dict) -> None:
-        done[i] = record
-        if partial is not None:
-            write_json(partial, {"rows": [done[j] for j in sorted(done)]})
+        saved.row(i, record)
         elapsed = time.time() - started
         eta = elapsed / n * (len(todo) - n)
         log(f"[{n}/{len(todo)}] {record['group']} · {record['backend']}: {record['successes']}/{len(seeds)} seeds "
             f"succeed, mean accuracy {sum(record['accuracies']) / len(seeds):.3f} ({record['seconds']:.0f} s; "
             f"elapsed {elapsed / 60:.1f} min, about {eta / 60:.1f} min left)")
 
-    jobs = [(plan[i][0], plan[i][1], seeds, budget_for(plan[i][0], budget, steps), device) for i in todo]
+    jobs = [(plan[i][0], plan[i][1], seeds, budget_for(plan[i][0], budget, steps), device, parts[i]) for i in todo]
     if workers > 1:
-        _run_in_pool(todo, jobs, workers, finished, log)
+        _run_in_pool(todo, jobs, workers, finished, log, saved.seed_range)
     else:
-        for n, (i, job) in enumerate(zip(todo, jobs), start=1):
-            group, backend, _, row_budget, _ = job
+        for n, (i, (group, backend, _, row_budget, _, row_parts)) in enumerate(zip(todo, jobs), start=1):
             tested = f", tested on {group.test_probe.key}" if group.test_probe is not None else ""
             log(f"[{n}/{len(todo)}] {group.label} · {backend}: training {row_budget.steps} steps "
                 f"({group.probe.key}{tested}, {group.shape.describe()})")
-            finished(n, i, row_record(*job, progress=_progress_printer(row_budget.steps, log)))
+            record = row_record(*jobs[n - 1][:5], progress=_progress_printer(row_budget.steps, log), parts=row_parts)
+            finished(n, i, record)
     return [done[i] for i in range(len(plan))]
 
 
-def _run_in_pool(todo: list[int], jobs: list[tuple], workers: int, finished, log) -> None:
+class _Saved:
+    """The partial file of a run: its finished rows and the finished seed chunks of rows not finished yet (each
+    saved as a row of those seeds, which a later run joins, ``earlier_parts``)."""
+
+    def __init__(self, done: dict[int, dict], path: str | None):
+        self.done, self.path, self.ranges = done, path, {}
+
+    def row(self, i: int, record: dict) -> None:
+        self.done[i] = record
+        self.ranges.pop(i, None)  # the row holds its chunks now
+        self._write()
+
+    def seed_range(self, i: int, record: dict) -> None:
+        self.ranges.setdefault(i, []).append(record)
+        self._write()
+
+    def _write(self) -> None:
+        if self.path is not None:
+            ranges = [r for i in sorted(self.ranges) for r in self.ranges[i]]
+            write_json(self.path, {"rows": [self.done[j] for j in sorted(self.done)] + ranges})
+
+
+def _run_in_pool(todo: list[int], jobs: list[tuple], workers: int, finished, log, seed_range=None) -> None:
     """Every job's row in a pool of worker processes; a fast-path row splits into seed chunks so that the pool has
-    about two jobs per worker (``seed_chunks``), and a row is finished when its last chunk is."""
+    about two jobs per worker (``seed_chunks``), and a row is finished when its last chunk is. `seed_range(i,
+    record)` receives each chunk that leaves its row unfinished, as a row of its seeds."""
     split = sum(job[0].impl != "naive" for job in jobs)
     per_row = -(-2 * workers // split) if split else 1
     with ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_worker_init,
                              initargs=(workers,)) as pool:
         futures, waiting, parts = {}, {}, {}
         for i, job in zip(todo, jobs):
-            group, backend, seeds, row_budget, device = job
-            chunks = seed_chunks(group, seeds, per_row)
-            waiting[i], parts[i] = len(chunks), []
+            group, backend, seeds, row_budget, device, earlier = job
+            done = {seed for part in earlier for seed in part["seeds"]}
+            chunks = seed_chunks(group, [seed for seed in seeds if seed not in done], per_row)
+            waiting[i], parts[i] = len(chunks), list(earlier)
             for chunk in chunks:
                 label = f"{group.label} · {backend}" + (f", seeds {chunk[0]}–{chunk[-1]}" if len(chunks) > 1 else "")
                 futures[pool.submit(_pool_job, group, backend, chunk, row_budget, device, label)] = (i, job)
         n = 0
         for k, future in enumerate(as_completed(futures), start=1):
-            i, (group, backend, seeds, row_budget, device) = futures[future]
-            parts[i].append(future.result())
+            i, (group, backend, seeds, row_budget, device, _) = futures[future]
+            chunk = future.result()
+            parts[i].append(chunk)
             waiting[i] -= 1
             if len(futures) > len(jobs):  # rows were split: say how far the chunks are
-                log(f"    chunk {k}/{len(futures)}: {group.label} · {backend}, seeds {parts[i][-1]['seeds']} "
-                    f"({parts[i][-1]['seconds']:.0f} s)")
+                log(f"    chunk {k}/{len(futures)}: {group.label} · {backend}, seeds {chunk['seeds']} "
+                    f"({chunk['seconds']:.0f} s)")
             if waiting[i] == 0:
                 n += 1
                 finished(n, i, merge_chunks(group, backend, seeds, row_budget, device, parts.pop(i)))
+            elif seed_range is not None:
+                seed_range(i, merge_chunks(group, backend, chunk["seeds"], row_budget, device, [chunk]))
 
 
 def _pool_job(group: Group, backend: str, seeds: list[int], budget: Budget, device: str, label: str) -> dict:

@@ -147,7 +147,7 @@ def test_the_mqar_regime_verdicts_are_their_json():
     text = page()
     assert not verdict_errors(text, MQAR_REGIME_RUN)
     rows = results(ROOT / MQAR_REGIME_RUN)["rows"]
-    assert {(r["backend"], r["device"]) for r in rows} == {("fpa", "cuda"), ("sdpa", "cuda")}
+    assert {(r["backend"], r["device"]) for r in rows} == {("fpa", "cuda"), ("sdpa", "cuda"), ("fpa_nobias1", "cuda")}
     line = verdict_lines(text, MQAR_REGIME_RUN)[2]
     assert "| 6/15 |" in line
     assert verdict_errors(text.replace(line, line.replace("| 6/15 |", "| 0/15 |", 1)), MQAR_REGIME_RUN)

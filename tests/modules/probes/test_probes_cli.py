@@ -86,7 +86,7 @@ def test_the_partial_file_is_replaced_whole(tmp_path, monkeypatch):
     plan = select(["dip_duration"], ["fpa", "fpa_dipsum"])
     assert len(plan) == 4
 
-    def record(group, backend, seeds, budget, device, progress=None):  # no training: a finished row at once
+    def record(group, backend, seeds, budget, device, progress=None, parts=()):  # no training: a finished row at once
         return {**runner.row_identity(group, backend, seeds, budget), "accuracies": [0.5], "success": [False],
                 "successes": 0, "seconds": 0.0}
 
@@ -163,7 +163,8 @@ def test_a_fast_path_row_split_into_seed_chunks_is_the_row_trained_whole(monkeyp
     monkeypatch.setattr(runner, "ProcessPoolExecutor", InProcess)
     monkeypatch.setattr(runner, "as_completed", lambda futures: reversed(list(futures)))  # the last chunk first
     rows, lines = [], []
-    runner._run_in_pool([0], [(group, "fpa", seeds, budget, "cpu")], 2, lambda n, i, r: rows.append(r), lines.append)
+    runner._run_in_pool([0], [(group, "fpa", seeds, budget, "cpu", [])], 2, lambda n, i, r: rows.append(r),
+                        lines.append)
     assert len(rows) == 1 and sum("chunk" in line for line in lines) == 3  # 2·workers / 1 row = 4 ≥ 3 seeds
     split = rows[0]
     for key in ("seeds", "accuracies", "success", "successes", "final_loss", "held_out_distinct", "impl"):
@@ -206,6 +207,66 @@ def test_seed_cover_is_exact():
     assert [p["seeds"] for p in seed_cover(parts, [0, 1, 2])] == [[0], [1, 2]]  # [0, 1] leads nowhere: backtracked
     assert seed_cover(parts, [0, 1, 2, 3, 4]) is None
     assert seed_cover([{"seeds": [0, 0]}], [0]) is None  # a malformed part with a repeated seed never counts
+
+
+def test_an_interrupted_split_row_keeps_its_finished_chunks_and_resumes_with_the_rest(monkeypatch, tmp_path):
+    """A split row whose last chunk dies (a call's time limit): the chunks that finished are in the partial file as
+    rows of their seeds, and the next run trains only the missing seed; the joined row is the row trained whole."""
+    from concurrent.futures import Future
+    from dataclasses import replace
+
+    from fpa_lightning.probes.train import Budget
+    from modules.probes import runner
+    from modules.probes.table import GROUPS
+
+    group = replace(next(g for g in GROUPS if g.label == "flip-flop"), impl="auto")
+    seeds, budget = [0, 1, 2], Budget(steps=4, batch=4)
+    whole = runner.row_record(group, "fpa", seeds, budget, "cpu")
+
+    class InProcess:  # the pool in this process; a job's exception is kept in its future, as a process pool does
+        def __init__(self, workers, mp_context=None, initializer=None, initargs=()):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def submit(self, fn, *args):
+            future = Future()
+            try:
+                future.set_result(fn(*args))
+            except Exception as error:  # noqa: BLE001 - handed to the caller through the future
+                future.set_exception(error)
+            return future
+
+    real_job = runner._pool_job
+
+    def killed_on_seed_2(group, backend, chunk, budget, device, label):
+        if 2 in chunk:
+            raise RuntimeError("killed at the time limit")
+        return real_job(group, backend, chunk, budget, device, label)
+
+    monkeypatch.setattr(runner, "ProcessPoolExecutor", InProcess)
+    monkeypatch.setattr(runner, "as_completed", lambda futures: list(futures))
+    monkeypatch.setattr(runner, "_pool_job", killed_on_seed_2)
+    partial = str(tmp_path / runner.PARTIAL)
+    with pytest.raises(RuntimeError, match="time limit"):
+        runner.run_rows([(group, "fpa")], seeds, budget, 4, "cpu", [], workers=2, log=lambda *a: None,
+                        partial=partial)
+    kept = runner.load_rows([str(tmp_path)])
+    assert sorted(r["seeds"] for r in kept) == [[0], [1]]
+
+    trained, lines = [], []
+    real_chunk = runner.train_chunk
+    monkeypatch.setattr(runner, "train_chunk", lambda g, b, s, *a, **k: trained.append(s) or real_chunk(g, b, s, *a,
+                                                                                                          **k))
+    [row] = runner.run_rows([(group, "fpa")], seeds, budget, 4, "cpu", kept, log=lines.append)
+    assert trained == [[2]] and "1 of them only the seeds earlier seed ranges lack" in lines[0]
+    for key in ("seeds", "accuracies", "success", "successes", "final_loss", "held_out_distinct", "impl", "device"):
+        assert row[key] == whole[key], key
+    assert runner.is_seed_part(kept[0], [row]) and not runner.is_seed_part(row, kept)
 
 
 def test_groups_select_rows_by_label():

@@ -22,12 +22,12 @@ import torch
 from fpa_lightning.generation.cache import FREE, KVCache, LayerCache
 from fpa_lightning.generation.rule import KeptStats, PruneRule, PruningHook, check_rule
 from fpa_lightning.model import Decoder
-from fpa_lightning.ops.decode import cached_attention, decode_attention
+from fpa_lightning.ops.decode import cached_attention, decode_attention_op
 from fpa_lightning.ops.decode.fused import unsupported_reason as fused_decode_unsupported
 
-# Under torch.compile (``compile=True``) the fused op runs between graphs, as the fused parallel ops do (a graph break
-# per layer); inside a CUDA graph its two kernels are replayed like any other.
-_fused_decode = torch.compiler.disable(decode_attention)
+# The fused op as a torch.library custom op: under torch.compile (``compile=True``) it is one opaque node of the step's
+# graph (no graph break per layer); inside a CUDA graph its two kernels are replayed like any other.
+_fused_decode = decode_attention_op
 ATTENTION_IMPLS = ("auto", "naive", "fused")
 
 SLOT_MULTIPLE = 64  # capacities are rounded up to this many slots (aligned matmuls, fewer resizes)
@@ -110,7 +110,10 @@ class DecodeSession:
     between capacity checks under an eviction rule (each check synchronises with the device once).
     attention_impl: the attention over the cache, "naive" (``cached_attention``), "fused" (``decode_attention``, the
     split-K Triton kernels: a CUDA device or the interpreter, head dim 16-128, bf16/fp16/fp32; raises otherwise) or
-    "auto" (fused on CUDA where it can run, naive otherwise); the choice is ``attention_impl_used``.
+    "auto": for single-token steps fused on CUDA where it can run, naive otherwise; for pieces of several tokens
+    (``extend``, ``cached_token_losses``) naive, since the op reads its slots once per query row where the einsums
+    make one batched matmul (its A/B covered steps only: docs/generation.md). The choices are
+    ``attention_impl_used`` (steps) and ``piece_attention_impl_used`` (pieces).
     """
 
     def __init__(self, decoder: Decoder, *, rule: PruneRule | None = None, cuda_graph: bool | None = None,
@@ -120,6 +123,7 @@ class DecodeSession:
         self.decoder, self.rule = decoder, rule
         self.device = next(decoder.parameters()).device
         self.attention_impl_used = _resolve_attention(attention_impl, decoder, self.device)
+        self.piece_attention_impl_used = "naive" if attention_impl == "auto" else self.attention_impl_used
         self.cuda_graph = self.device.type == "cuda" if cuda_graph is None else cuda_graph
         if self.cuda_graph and self.device.type != "cuda":
             raise ValueError(f"cuda_graph=True needs the model on a CUDA device, it is on {self.device}")
@@ -257,7 +261,7 @@ class DecodeSession:
                 cache.free(evicted[:, :, -1])
         if self.counter is not None:
             self.counter.add(layer, visible, query_pos)
-        if self.attention_impl_used == "fused":
+        if (self.attention_impl_used if n == 1 else self.piece_attention_impl_used) == "fused":
             bias = bias if bias is None else bias.float()  # as the reference adds it: in float32
             out = _fused_decode(q, cache.k, cache.v, bias, visible, attn.backend.scale)
         else:

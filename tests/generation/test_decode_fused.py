@@ -68,6 +68,10 @@ def test_attention_impl_resolution(monkeypatch):
     fp32 = decoder_d16(backend="fpa").float()
     assert DecodeSession(fp32).attention_impl_used == ("fused" if torch.cuda.is_available() else "naive")
     assert DecodeSession(fp32, attention_impl="naive").attention_impl_used == "naive"
+    # pieces of several tokens: the einsums under "auto", the op only when asked for
+    assert DecodeSession(fp32).piece_attention_impl_used == "naive"
+    assert DecodeSession(fp32, attention_impl="naive").piece_attention_impl_used == "naive"
+    assert DecodeSession(fp32, attention_impl="fused").piece_attention_impl_used == "fused"
     with pytest.raises(ValueError, match="attention_impl must be one of"):
         DecodeSession(fp32, attention_impl="flash")
     heads_of_8 = Decoder(ModelConfig(vocab_size=VOCAB, n_layer=1, d_model=16, n_head=2, d_mlp=32, max_seq_len=32))

@@ -192,6 +192,28 @@ def test_value_errors():
             decode_attention(*args)
 
 
+def test_the_custom_op_is_the_op_and_compiles_without_a_graph_break(small_chunks):
+    """decode_attention_op (what DecodeSession calls) returns decode_attention's result bit for bit, passes
+    torch.library's checks of its schema and fake, and traces under torch.compile with fullgraph=True: one graph,
+    where torch.compiler.disable would break it at every layer."""
+    from fpa_lightning.ops.decode import decode_attention_op
+    inputs, scale = make_inputs(2, 1, 3, 37, 16, bias_heads=1)
+    args = cast(inputs, torch.float32)
+    with torch.no_grad():
+        want = decode_attention(*args, scale)
+        assert torch.equal(decode_attention_op(*args, scale), want)
+        no_bias = (*args[:3], None, args[4])
+        assert torch.equal(decode_attention_op(*no_bias, scale), decode_attention(*no_bias, scale))
+        torch.library.opcheck(decode_attention_op, (*args, scale), test_utils=("test_schema", "test_faketensor"))
+
+        def layer(q, k, v, bias, visible):  # the step's use: the op between elementwise work
+            return decode_attention_op(q * 1.0, k, v, bias, visible, scale) + 0.0
+
+        torch._dynamo.reset()
+        compiled = torch.compile(layer, fullgraph=True, backend="eager")
+        assert torch.equal(compiled(*args), want)
+
+
 def test_grad_requiring_inputs_raise():
     inputs, scale = make_inputs(1, 1, 3, 20, 16, bias_heads=1)
     q, k, v, bias, visible = cast(inputs, torch.float32)

@@ -165,3 +165,18 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: to
         D=D, SB=sb, **_launch_cfg("combine", D),
     )
     return out
+
+
+# The same op as one opaque node for torch.compile: Dynamo traces through the fake below instead of breaking the graph
+# at every layer (as torch.compiler.disable would), and Inductor calls the kernels between the code it fuses. The
+# schema is spelled out so that it does not depend on how a torch version reads this module's string annotations.
+@torch.library.custom_op("fpa_lightning::decode_attention", mutates_args=(),
+                         schema="(Tensor q, Tensor k, Tensor v, Tensor? bias, Tensor visible, float scale) -> Tensor")
+def decode_attention_op(q, k, v, bias, visible, scale):
+    """``decode_attention`` registered as a torch.library custom op (same signature, checks and result)."""
+    return decode_attention(q, k, v, bias, visible, scale)
+
+
+@decode_attention_op.register_fake
+def _decode_attention_shape(q, k, v, bias, visible, scale):
+    return q.new_empty(q.shape, dtype=v.dtype)

@@ -185,11 +185,13 @@ def cache_prune(models: list[LoadedModel], runtime: Runtime, data: EvalData, len
 def _real_eviction(model: LoadedModel, docs: list, rule: PruneRule, runtime: Runtime, base: np.ndarray,
                    simulated: np.ndarray, bar: Progress, path: int, block_rows: int) -> dict:
     """The documents through the real KV cache under `rule`: loss, increase over the unpruned pass, kept fraction
-    (every query, as the simulation counts it), allocated cache bytes at the end, and the largest difference of a
-    document's loss from the simulation's (rounding only: the two compute the same thing)."""
-    losses, kept, cache_bytes = [], [], []
+    (every query, as the simulation counts it), allocated cache bytes at the end, the largest difference of a
+    document's loss from the simulation's (rounding only: the two compute the same thing), and the attention over
+    the cache that ran (``DecodeSession.piece_attention_impl_used``)."""
+    losses, kept, cache_bytes, impls = [], [], [], set()
     for doc in docs:
         per_token, session = _decoded_losses(model.decoder, doc[None], rule, runtime, block_rows)
+        impls.add(session.piece_attention_impl_used)
         losses.append(float(per_token.mean()))
         bar.advance(doc.numel(), path)
         stats = session.stats()
@@ -198,7 +200,8 @@ def _real_eviction(model: LoadedModel, docs: list, rule: PruneRule, runtime: Run
     losses = np.array(losses)
     return {"loss": intervals(losses, runtime)[0].as_dict(), "increase": intervals(losses - base, runtime)[0].as_dict(),
             "kept_fraction": float(np.mean(kept)), "cache_bytes": float(np.mean(cache_bytes)),
-            "max_abs_difference_from_simulation": float(np.abs(losses - simulated).max())}
+            "max_abs_difference_from_simulation": float(np.abs(losses - simulated).max()),
+            "attention_impl": ", ".join(sorted(impls))}
 
 
 def _rule_tag(rule: PruneRule) -> str:

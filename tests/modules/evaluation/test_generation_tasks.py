@@ -65,6 +65,7 @@ def test_cache_prune_real_eviction_matches_the_simulation(tmp_path, ckpts, capsy
         assert real["kept_fraction"] == pytest.approx(row["kept_fraction"], abs=1e-5) and real["kept_fraction"] < 1
         assert real["max_abs_difference_from_simulation"] < 1e-4  # float32 rounding only
         assert real["loss"]["estimate"] == pytest.approx(row["loss"]["estimate"], abs=1e-4)
+        assert real["attention_impl"] == "naive"  # "auto" scores pieces with the einsums, on any device
 
 
 def test_passkey_through_the_pruned_cache(tmp_path, ckpts):

@@ -119,3 +119,18 @@ def test_gpu_graph_decoding_with_the_fused_op(backend, rule, dtype, compile):
     eager = decoded(low, ids, "fused", rule, cuda_graph=False)
     torch.testing.assert_close(got, eager, atol=1e-2 if compile else 1e-3, rtol=0)  # a stale buffer would show
     assert_within_bound(got, same, reference, backend)
+
+
+@pytest.mark.parametrize("impl", ["naive", "fused"])
+@pytest.mark.parametrize("rule", [None, PruneRule(threshold=-1.0)], ids=["unpruned", "evicting"])
+def test_a_decoding_step_traces_as_one_graph(impl, rule):
+    """What compile=True compiles: Dynamo traces the whole single-token step as one graph, with the fused op (a
+    custom op, not a graph break per layer) and with an eviction rule (its slot search has no op Inductor lacks)."""
+    s = DecodeSession(decoder_d16(backend="fpa").float(), rule=rule, attention_impl=impl, check_every=8)
+    ids = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        s.prefill([ids[0], ids[1, :5]], max_new_tokens=4)
+        s.reserve(1)
+        torch._dynamo.reset()
+        explained = torch._dynamo.explain(s._step)(ids[:, 0].to(DEV))
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons

@@ -2,6 +2,7 @@
 Markdown table and a plot; a second run reuses its rows; misuse is a clear error."""
 import json
 import os
+from concurrent.futures import Future
 
 import pytest
 
@@ -127,11 +128,32 @@ def test_a_rows_identity_names_its_implementation_only_off_the_naive_path():
     assert _find([recorded], recorded) is recorded
 
 
+class InProcess:
+    """The worker pool's logic without spawning processes (threads would share torch's global seed): each job runs
+    at submit, and its exception is kept in its future, as a process pool does."""
+
+    def __init__(self, workers, mp_context=None, initializer=None, initargs=()):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def submit(self, fn, *args):
+        future = Future()
+        try:
+            future.set_result(fn(*args))
+        except Exception as error:  # noqa: BLE001 - handed to the caller through the future
+            future.set_exception(error)
+        return future
+
+
 def test_a_fast_path_row_split_into_seed_chunks_is_the_row_trained_whole(monkeypatch):
     """A fast-path row (Group.impl) runs its seeds one after another and each seed trains as it would alone, so the
     worker pool splits it into seed chunks: the merged record must equal the row trained in one piece, seed for seed,
     in the row's seed order whatever order the chunks finish in."""
-    from concurrent.futures import Future
     from dataclasses import replace
 
     from fpa_lightning.probes.train import Budget
@@ -144,21 +166,6 @@ def test_a_fast_path_row_split_into_seed_chunks_is_the_row_trained_whole(monkeyp
     assert runner.seed_chunks(group, seeds, 9) == [[0], [1], [2]]
     assert runner.seed_chunks(replace(group, impl="naive"), seeds, 9) == [seeds]  # one vmapped model: not split
     whole = runner.row_record(group, "fpa", seeds, budget, "cpu")
-
-    class InProcess:  # the pool's logic without spawning processes (threads would share torch's global seed)
-        def __init__(self, workers, mp_context=None, initializer=None, initargs=()):
-            pass
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
-        def submit(self, fn, *args):
-            future = Future()
-            future.set_result(fn(*args))
-            return future
 
     monkeypatch.setattr(runner, "ProcessPoolExecutor", InProcess)
     monkeypatch.setattr(runner, "as_completed", lambda futures: reversed(list(futures)))  # the last chunk first
@@ -212,7 +219,6 @@ def test_seed_cover_is_exact():
 def test_an_interrupted_split_row_keeps_its_finished_chunks_and_resumes_with_the_rest(monkeypatch, tmp_path):
     """A split row whose last chunk dies (a call's time limit): the chunks that finished are in the partial file as
     rows of their seeds, and the next run trains only the missing seed; the joined row is the row trained whole."""
-    from concurrent.futures import Future
     from dataclasses import replace
 
     from fpa_lightning.probes.train import Budget
@@ -222,24 +228,6 @@ def test_an_interrupted_split_row_keeps_its_finished_chunks_and_resumes_with_the
     group = replace(next(g for g in GROUPS if g.label == "flip-flop"), impl="auto")
     seeds, budget = [0, 1, 2], Budget(steps=4, batch=4)
     whole = runner.row_record(group, "fpa", seeds, budget, "cpu")
-
-    class InProcess:  # the pool in this process; a job's exception is kept in its future, as a process pool does
-        def __init__(self, workers, mp_context=None, initializer=None, initargs=()):
-            pass
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
-        def submit(self, fn, *args):
-            future = Future()
-            try:
-                future.set_result(fn(*args))
-            except Exception as error:  # noqa: BLE001 - handed to the caller through the future
-                future.set_exception(error)
-            return future
 
     real_job = runner._pool_job
 

@@ -134,3 +134,16 @@ def test_a_decoding_step_traces_as_one_graph(impl, rule):
         torch._dynamo.reset()
         explained = torch._dynamo.explain(s._step)(ids[:, 0].to(DEV))
     assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+
+
+def test_compiled_steps_within_the_same_precision_bound():
+    """compile=True end to end: Inductor builds the step with the fused op (a custom op) and an eviction rule, and
+    its logits stay within the project's bound of the float64 naive session: at most 2x the eager float32 fused
+    session's error plus 8 fp32 ulps."""
+    decoder, rule = decoder_d16(backend="fpa"), PruneRule(threshold=-1.0)
+    ids = torch.randint(0, VOCAB, (2, T), generator=torch.Generator().manual_seed(0))
+    reference = decoded(decoder, ids, "naive", rule)
+    fp32 = copy.deepcopy(decoder).float()
+    torch._dynamo.reset()
+    same, got = decoded(fp32, ids, "fused", rule), decoded(fp32, ids, "fused", rule, compile=True)
+    assert_within_bound(got, same, reference, "compiled")

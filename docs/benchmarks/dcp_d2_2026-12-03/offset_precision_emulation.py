@@ -2,7 +2,9 @@
 float64 value of -740.33; PyTorch's bf16 error 0.33) could tf32 operands in the kernel's in-tile triangular sums
 explain? float64 emulation on the CPU of the kernel's structure: R = reverse cumulative sum over queries of the
 heads' dS, doffset = sum of g * R over pairs; the in-tile strict suffix (backward) or prefix (forward bias) sums
-take rounded operands, everything else is exact. Inputs are the test's (seed 26, bf16-rounded).
+take rounded operands, everything else is exact; then the forward's and the backward's biases rounded with different
+tiles (P in the backward no longer matching the forward's log-sum-exp), and Δ = rowsum(dO·O) from a rounded O.
+Inputs are the test's (seed 26, bf16-rounded).
 usage: python emul.py [T]   (run with the candidate's tree on PYTHONPATH: fpa_lightning.ops.dcp.naive)"""
 import math, sys, time, torch
 from fpa_lightning.ops.dcp.naive import dcp_attention_naive, log_keep_rows
@@ -71,3 +73,38 @@ def with_bias_error(round_fn, BT):
     return (R * g).sum().item()
 for BT in (32, 64):
     print(f"bias prefix tf32 trunc, BT={BT}: {with_bias_error(tf32_trunc, BT):.6f}   rne: {with_bias_error(tf32_rne, BT):.6f}")
+def prefix_err(round_fn, BT):
+    e = round_fn(L) - L
+    et = e.view(T // BT, BT, T)
+    return (et.cumsum(1) - et).reshape(T, T)
+def inconsistent(round_fn, bt_fwd, bt_bwd):
+    """lse and O from the forward's bias (tiles of bt_fwd), P in the backward from its own bias (tiles of bt_bwd)."""
+    b_f, b_b = bias + prefix_err(round_fn, bt_fwd), bias + prefix_err(round_fn, bt_bwd)
+    R = torch.zeros(T, T, dtype=torch.float64)
+    for h in range(H):
+        qk = q[0, :, h] @ k[0, :, h].T * scale
+        s_f = qk + b_f
+        lse = torch.logsumexp(s_f, -1, keepdim=True)
+        O = torch.exp(s_f - lse) @ v[0, :, h]
+        delta = (do[0, :, h] * O).sum(-1, keepdim=True)
+        P = torch.exp(qk + b_b - lse)
+        dP = do[0, :, h] @ v[0, :, h].T
+        R += P * (dP - delta)
+    R = R.flip(0).cumsum(0).flip(0)
+    return (R * g).sum().item()
+for name, fn in (("trunc", tf32_trunc), ("rne", tf32_rne)):
+    print(f"{name}: forward tiles 64, backward 32: {inconsistent(fn, 64, 32):.6f};  both 64: {inconsistent(fn, 64, 64):.6f}")
+def with_rounded_o(round_fn):
+    R = torch.zeros(T, T, dtype=torch.float64)
+    for h in range(H):
+        s = q[0, :, h] @ k[0, :, h].T * scale + bias
+        P = torch.softmax(s, -1)
+        O = round_fn(P @ v[0, :, h])
+        delta = (do[0, :, h] * O).sum(-1, keepdim=True)
+        dP = do[0, :, h] @ v[0, :, h].T
+        R += P * (dP - delta)
+    R = R.flip(0).cumsum(0).flip(0)
+    return (R * g).sum().item()
+print(f"Δ from bf16 O: {with_rounded_o(lambda x: x.to(torch.bfloat16).double()):.6f}")
+print(f"Δ from fp16 O: {with_rounded_o(lambda x: x.to(torch.float16).double()):.6f}")
+print(f"Δ from fp32 O: {with_rounded_o(lambda x: x.float().double()):.6f}")

@@ -5,8 +5,9 @@ folder's own, or files passed to merge) with the same group, backend, seeds, sha
 not retrained, so a table can be filled in over several runs and machines. A row may also be trained in seed ranges
 (``eval.py --seed A --seeds N`` in separate runs): earlier rows that differ only in their seeds and together cover
 the row's seeds exactly are joined into it, and a row they cover in part trains only the seeds they lack
-(``earlier_parts``). An interrupted run keeps each finished chunk of seeds of a split row in the same way. The budget includes the held-out split
-(``Budget.holdout``), so rows trained before the held-out set was made disjoint from the pool are never reused.
+(``earlier_parts``); an interrupted run keeps each finished seed chunk of a split row in the same form. The budget
+includes the held-out split (``Budget.holdout``), so rows trained before the held-out set was made disjoint from
+the pool are never reused.
 """
 from __future__ import annotations
 
@@ -151,15 +152,15 @@ def earlier_parts(group: Group, backend: str, seeds: list[int], budget: Budget, 
     return [{key: part[key] for key in CHUNK_KEYS} for part in parts]
 
 
+ROW_KEYS = ("group", "probe", "test_probe", "backend", "seeds", "shape", "budget", "criterion", "impl")
+"""The keys of ``row_identity``."""
+
+
 def is_seed_part(row: dict, rows: list[dict]) -> bool:
     """Whether `row` trained a strict subset of the seeds of one of `rows` that is otherwise the same experiment
     (a seed range joined into that row, ``earlier_parts``)."""
     identity = {k: v for k, v in row.items() if k in ROW_KEYS}
     return any(_same_but_seeds(other, identity) and set(row["seeds"]) < set(other["seeds"]) for other in rows)
-
-
-ROW_KEYS = ("group", "probe", "test_probe", "backend", "seeds", "shape", "budget", "criterion", "impl")
-"""The keys of ``row_identity``."""
 
 
 def budget_for(group: Group, budget: Budget, steps: int | None) -> Budget:
@@ -205,8 +206,8 @@ def run_rows(plan: list[tuple[Group, str]], seeds: list[int], budget: Budget, st
             tested = f", tested on {group.test_probe.key}" if group.test_probe is not None else ""
             log(f"[{n}/{len(todo)}] {group.label} · {backend}: training {row_budget.steps} steps "
                 f"({group.probe.key}{tested}, {group.shape.describe()})")
-            record = row_record(*jobs[n - 1][:5], progress=_progress_printer(row_budget.steps, log), parts=row_parts)
-            finished(n, i, record)
+            progress = _progress_printer(row_budget.steps, log)
+            finished(n, i, row_record(group, backend, seeds, row_budget, device, progress, parts=row_parts))
     return [done[i] for i in range(len(plan))]
 
 

@@ -25,9 +25,6 @@ from fpa_lightning.model import Decoder
 from fpa_lightning.ops.decode import cached_attention, decode_attention_op
 from fpa_lightning.ops.decode.fused import unsupported_reason as fused_decode_unsupported
 
-# The fused op as a torch.library custom op: under torch.compile (``compile=True``) it is one opaque node of the step's
-# graph (no graph break per layer); inside a CUDA graph its two kernels are replayed like any other.
-_fused_decode = decode_attention_op
 ATTENTION_IMPLS = ("auto", "naive", "fused")
 
 SLOT_MULTIPLE = 64  # capacities are rounded up to this many slots (aligned matmuls, fewer resizes)
@@ -263,7 +260,9 @@ class DecodeSession:
             self.counter.add(layer, visible, query_pos)
         if (self.attention_impl_used if n == 1 else self.piece_attention_impl_used) == "fused":
             bias = bias if bias is None else bias.float()  # as the reference adds it: in float32
-            out = _fused_decode(q, cache.k, cache.v, bias, visible, attn.backend.scale)
+            # the torch.library custom op: one opaque node under torch.compile (compile=True), no graph break per
+            # layer; inside a CUDA graph its two kernels are replayed like any other
+            out = decode_attention_op(q, cache.k, cache.v, bias, visible, attn.backend.scale)
         else:
             out = cached_attention(q, cache.k, cache.v, bias, visible, attn.backend.scale)
         return attn.out(out.flatten(-2))

@@ -1,110 +1,112 @@
-"""How much of the dcp_fused candidate's bf16 offset-gradient error at 1 x 4096 (GPU test, 2.81 against a
-float64 value of -740.33; PyTorch's bf16 error 0.33) could tf32 operands in the kernel's in-tile triangular sums
-explain? float64 emulation on the CPU of the kernel's structure: R = reverse cumulative sum over queries of the
-heads' dS, doffset = sum of g * R over pairs; the in-tile strict suffix (backward) or prefix (forward bias) sums
-take rounded operands, everything else is exact; then the forward's and the backward's biases rounded with different
-tiles (P in the backward no longer matching the forward's log-sum-exp), and Δ = rowsum(dO·O) from a rounded O.
-Inputs are the test's (seed 26, bf16-rounded).
-usage: python emul.py [T]   (run with the candidate's tree on PYTHONPATH: fpa_lightning.ops.dcp.naive)"""
-import math, sys, time, torch
+"""Which rounding explains the DCP d2 kernel's bf16 offset-gradient error at 1 x 4096 (GPU test: 2.81 against a
+float64 value of -740.33; PyTorch's bf16 error 0.33)?
+
+A float64 emulation on the CPU of the kernel's structure, one rounding at a time, everything else exact:
+doffset = sum over pairs (s < t') of g(t', s) * R(t', s), R = the reverse cumulative sum over queries of the heads'
+dS = P (dP - Δ), g = d log keep / dz. The roundings: tf32 operands in the in-tile triangular sums (the backward's
+suffix sums of dS, the forward bias's prefix sums of L, also with different tiles in the two passes, so that the
+backward's P no longer matches the forward's log-sum-exp), and Δ = rowsum(dO·O) from a rounded O or from an O
+accumulated as round(P)·V (P cast to v's dtype for the tensor-core dot, as the kernel's fp32 output is).
+Inputs: the GPU test's (seed 26, rounded to bf16).
+
+usage: PYTHONPATH=<a tree with fpa_lightning/ops/dcp/naive.py> python offset_precision_emulation.py [T]
+"""
+import math
+import sys
+import time
+
+import torch
+
 from fpa_lightning.ops.dcp.naive import dcp_attention_naive, log_keep_rows
-B, T, H, D, r = 1, int(sys.argv[1]) if len(sys.argv) > 1 else 4096, 4, 64, 32
+
+B, T, H, D, R_DIM = 1, int(sys.argv[1]) if len(sys.argv) > 1 else 4096, 4, 64, 32
+BT_BACKWARD = 32  # the key-major backward's query tiles, where the offset partials are summed
+
+
+def rounded(dtype):
+    return lambda x: x.to(dtype).double()
+
+
+def tf32_truncated(x):
+    bits = x.float().contiguous().view(torch.int32) & ~((1 << 13) - 1)
+    return bits.view(torch.float32).double()
+
+
+def tf32_nearest(x):
+    bits = x.float().contiguous().view(torch.int32).long()
+    bits = (bits + (1 << 12) - 1 + ((bits >> 13) & 1)) & ~((1 << 13) - 1)
+    return bits.to(torch.int32).view(torch.float32).double()
+
+
+def split_bf16(x):  # d3's P·V: P as the sum of two bf16 terms
+    hi = x.to(torch.bfloat16).double()
+    return hi + (x - hi).to(torch.bfloat16).double()
+
+
+def in_tile(error, tile, prefix):
+    """Strict in-tile prefix (t' < t) or suffix (t > t') sums over queries of `error` (T, S)."""
+    e = error.view(T // tile, tile, T)
+    sums = e.cumsum(1) if prefix else e.flip(1).cumsum(1).flip(1)
+    return (sums - e).reshape(T, T)
+
+
 gen = torch.Generator().manual_seed(26)
 q, k, v, do = (torch.randn(B, T, H, D, generator=gen, dtype=torch.float64) for _ in range(4))
-qi, ki = (torch.randn(B, T, r, generator=gen, dtype=torch.float64) * 0.5 for _ in range(2))
+qi, ki = (torch.randn(B, T, R_DIM, generator=gen, dtype=torch.float64) * 0.5 for _ in range(2))
+q, k, v, qi, ki, do = map(rounded(torch.bfloat16), (q, k, v, qi, ki, do))
 off = torch.tensor(0.6, dtype=torch.float64)
-def bf(x): return x.to(torch.bfloat16).double()
-q, k, v, qi, ki, do = map(bf, (q, k, v, qi, ki, do))   # the test's rounded inputs (exact_on_rounded)
-t0 = time.time()
-offr = off.clone().requires_grad_()
-out = dcp_attention_naive(q, k, v, qi, ki, offr)
-out.backward(do)
-print(f"float64 doffset {offr.grad.item():.6f}  ({time.time()-t0:.0f} s)")
-# kernel-structured emulation: per-head dS, R = reverse cumulative sum over queries, g = d log keep / dz
-L = log_keep_rows(qi, ki, off, 0, T)[0]                          # (T', S), zero where s >= t'
-z = (qi[0] @ ki[0].T) / math.sqrt(r) + off
-x = (z + 1) / 2
+
+started = time.time()
+off_leaf = off.clone().requires_grad_()
+dcp_attention_naive(q, k, v, qi, ki, off_leaf).backward(do)
+print(f"float64 doffset (autograd)         {off_leaf.grad.item():.6f}  ({time.time() - started:.0f} s)")
+
+L = log_keep_rows(qi, ki, off, 0, T)[0]  # (T', S), zero where s >= t'
+x = ((qi[0] @ ki[0].T) / math.sqrt(R_DIM) + off + 1) / 2
 g = torch.where((x >= 1e-30) & (x <= 1), 1 / (2 * x), torch.zeros_like(x))
-live = torch.ones(T, T, dtype=torch.bool).tril(-1)               # s < t'
-g = torch.where(live, g, torch.zeros_like(g))
+g = torch.where(torch.ones(T, T, dtype=torch.bool).tril(-1), g, torch.zeros_like(g))  # s < t'
 bias = L.cumsum(0).masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
 scale = 1 / math.sqrt(D)
-dS = []
-for h in range(H):
-    s = q[0, :, h] @ k[0, :, h].T * scale + bias
-    P = torch.softmax(s, -1)
-    dP = do[0, :, h] @ v[0, :, h].T
-    dS.append(P * (dP - (P * dP).sum(-1, keepdim=True)))
-def doffset(rows):  # rows: list of per-head (T, S) dS as used in the suffix sums; exact dS elsewhere
-    R = sum(dS).flip(0).cumsum(0).flip(0)                          # Σ_{t ≥ t'} Σ_h dS
-    err = torch.zeros_like(R)
-    BT = 32
-    for h in range(H):
-        e = rows[h] - dS[h]                                         # rounding of each operand
-        # strict in-tile suffix: Σ_{t > t', same BT-tile} e[t, s]
-        et = e.view(T // BT, BT, T)
-        suffix = et.flip(1).cumsum(1).flip(1) - et
-        err += suffix.reshape(T, T)
-    return ((R + err) * g).sum().item()
-def tf32_trunc(x):
-    x32 = x.float().contiguous(); i = x32.view(torch.int32) & ~((1 << 13) - 1); return i.view(torch.float32).double()
-def tf32_rne(x):
-    x32 = x.float().contiguous(); i = x32.view(torch.int32).long()
-    i = (i + (1 << 12) - 1 + ((i >> 13) & 1)) & ~((1 << 13) - 1)
-    return i.to(torch.int32).view(torch.float32).double()
-exact = doffset(dS)
-print(f"emulated exact     {exact:.6f}")
-print(f"fp32 operands      {doffset([d.float().double() for d in dS]):.6f}")
-print(f"tf32 truncation    {doffset([tf32_trunc(d) for d in dS]):.6f}")
-print(f"tf32 round-nearest {doffset([tf32_rne(d) for d in dS]):.6f}")
-print(f"bf16 operands      {doffset([d.to(torch.bfloat16).double() for d in dS]):.6f}")
-def with_bias_error(round_fn, BT):
-    e = round_fn(L) - L                                             # (T', S)
-    et = e.view(T // BT, BT, T)
-    prefix = (et.cumsum(1) - et).reshape(T, T)                      # strict in-tile prefix over queries
-    b2 = bias + prefix
-    R = torch.zeros(T, T, dtype=torch.float64)
-    for h in range(H):
-        s = q[0, :, h] @ k[0, :, h].T * scale + b2
-        P = torch.softmax(s, -1)
-        dP = do[0, :, h] @ v[0, :, h].T
-        R += P * (dP - (P * dP).sum(-1, keepdim=True))
-    R = R.flip(0).cumsum(0).flip(0)
-    return (R * g).sum().item()
-for BT in (32, 64):
-    print(f"bias prefix tf32 trunc, BT={BT}: {with_bias_error(tf32_trunc, BT):.6f}   rne: {with_bias_error(tf32_rne, BT):.6f}")
-def prefix_err(round_fn, BT):
-    e = round_fn(L) - L
-    et = e.view(T // BT, BT, T)
-    return (et.cumsum(1) - et).reshape(T, T)
-def inconsistent(round_fn, bt_fwd, bt_bwd):
-    """lse and O from the forward's bias (tiles of bt_fwd), P in the backward from its own bias (tiles of bt_bwd)."""
-    b_f, b_b = bias + prefix_err(round_fn, bt_fwd), bias + prefix_err(round_fn, bt_bwd)
-    R = torch.zeros(T, T, dtype=torch.float64)
+
+
+def doffset(*, bias_forward=bias, bias_backward=bias, o_round=None, p_round=None, ds_round=None):
+    """The offset gradient with the given roundings: the forward (log-sum-exp, O) on bias_forward, the backward's P
+    on bias_backward, O rounded by o_round or accumulated from p_round(P)·V, dS's operands of the backward's in-tile
+    suffix sums rounded by ds_round."""
+    R, tile_error = torch.zeros(T, T, dtype=torch.float64), torch.zeros(T, T, dtype=torch.float64)
     for h in range(H):
         qk = q[0, :, h] @ k[0, :, h].T * scale
-        s_f = qk + b_f
-        lse = torch.logsumexp(s_f, -1, keepdim=True)
-        O = torch.exp(s_f - lse) @ v[0, :, h]
+        s_forward = qk + bias_forward
+        m = s_forward.max(-1, keepdim=True).values
+        p_forward = torch.exp(s_forward - m)  # unnormalised, as the online softmax holds it
+        l = p_forward.sum(-1, keepdim=True)
+        O = ((p_round or (lambda p: p))(p_forward) @ v[0, :, h]) / l
+        O = o_round(O) if o_round else O
         delta = (do[0, :, h] * O).sum(-1, keepdim=True)
-        P = torch.exp(qk + b_b - lse)
-        dP = do[0, :, h] @ v[0, :, h].T
-        R += P * (dP - delta)
-    R = R.flip(0).cumsum(0).flip(0)
+        P = torch.exp(qk + bias_backward - m - torch.log(l))
+        dS = P * (do[0, :, h] @ v[0, :, h].T - delta)
+        R += dS
+        if ds_round:  # the in-tile part of R's sum takes rounded operands; later tiles come exact (the carry)
+            tile_error += in_tile(ds_round(dS) - dS, BT_BACKWARD, prefix=False)
+    R = R.flip(0).cumsum(0).flip(0) + tile_error  # Σ_{t ≥ t'} Σ_h dS
     return (R * g).sum().item()
-for name, fn in (("trunc", tf32_trunc), ("rne", tf32_rne)):
-    print(f"{name}: forward tiles 64, backward 32: {inconsistent(fn, 64, 32):.6f};  both 64: {inconsistent(fn, 64, 64):.6f}")
-def with_rounded_o(round_fn):
-    R = torch.zeros(T, T, dtype=torch.float64)
-    for h in range(H):
-        s = q[0, :, h] @ k[0, :, h].T * scale + bias
-        P = torch.softmax(s, -1)
-        O = round_fn(P @ v[0, :, h])
-        delta = (do[0, :, h] * O).sum(-1, keepdim=True)
-        dP = do[0, :, h] @ v[0, :, h].T
-        R += P * (dP - delta)
-    R = R.flip(0).cumsum(0).flip(0)
-    return (R * g).sum().item()
-print(f"Δ from bf16 O: {with_rounded_o(lambda x: x.to(torch.bfloat16).double()):.6f}")
-print(f"Δ from fp16 O: {with_rounded_o(lambda x: x.to(torch.float16).double()):.6f}")
-print(f"Δ from fp32 O: {with_rounded_o(lambda x: x.float().double()):.6f}")
+
+
+def bias_with(round_fn, tile):
+    return bias + in_tile(round_fn(L) - L, tile, prefix=True)
+
+
+print(f"emulated, exact                    {doffset():.6f}")
+for name, fn in (("fp32", rounded(torch.float32)), ("tf32 truncated", tf32_truncated), ("tf32 nearest", tf32_nearest),
+                 ("bf16", rounded(torch.bfloat16))):
+    print(f"backward suffix sums, {name:15s}{doffset(ds_round=fn):.6f}")
+for name, fn in (("tf32 truncated", tf32_truncated), ("tf32 nearest", tf32_nearest)):
+    for tile in (32, 64):
+        b = bias_with(fn, tile)
+        print(f"forward prefix sums, {name}, tiles {tile}: {doffset(bias_forward=b, bias_backward=b):.6f}")
+    print(f"forward tiles 64, backward tiles 32, {name}: "
+          f"{doffset(bias_forward=bias_with(fn, 64), bias_backward=bias_with(fn, 32)):.6f}")
+for name, dtype in (("bf16", torch.bfloat16), ("fp16", torch.float16), ("fp32", torch.float32)):
+    print(f"Δ from a {name} O:                 {doffset(o_round=rounded(dtype)):.6f}")
+for name, fn in (("bf16", rounded(torch.bfloat16)), ("fp16", rounded(torch.float16)), ("split bf16", split_bf16)):
+    print(f"Δ from {name}(P)·V:               {doffset(p_round=fn):.6f}")

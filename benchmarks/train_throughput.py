@@ -10,6 +10,7 @@ attention to each document). The table gives each variant's tokens/s relative to
 
     python benchmarks/train_throughput.py --configs fpa fox sdpa --steps 300 --batch-size 16
     python benchmarks/train_throughput.py --configs fpa fox sdpa --variants base compile document_mask
+    python benchmarks/train_throughput.py --configs fpa selective dcp --batch-size 1 --seq-len 16384 --steps 40
 """
 from __future__ import annotations
 
@@ -82,10 +83,11 @@ VARIANTS = ("base", "compile", "document_mask")
 def measure(backend: str, variant: str, args) -> dict:
     attention = AttentionConfig(backend=backend, skip_threshold=args.skip if backend == "fpa" else None,
                                 document_mask=variant == "document_mask")
-    module = LanguageModel(model=ModelConfig(attention=attention), optim=OptimConfig(warmup_steps=50),
-                           compile=variant == "compile")
+    config = ModelConfig(attention=attention, max_seq_len=max(ModelConfig.max_seq_len, args.seq_len))
+    module = LanguageModel(model=config, optim=OptimConfig(warmup_steps=50), compile=variant == "compile")
     data = TextDataModule(
-        source="offline", tokenizer=args.tokenizer, seq_len=2048, batch_size=args.batch_size, num_workers=args.workers
+        source="offline", tokenizer=args.tokenizer, seq_len=args.seq_len, batch_size=args.batch_size,
+        num_workers=args.workers,
     )
     timer = StepTimer(args.warmup, args.profile_steps)
     trainer = L.Trainer(
@@ -117,6 +119,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--warmup", type=int, default=30)
     parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--seq-len", type=int, default=2048,
+                        help="tokens per sequence (16384 with --batch-size 1: the peers' long-context memory)")
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--skip", type=float, default=None, help="FPA dead-block skip threshold (None = exact)")
     parser.add_argument("--tokenizer", default=None, help="a tokenizer.json (machines without mistral-common)")
@@ -136,7 +140,7 @@ def main() -> None:
             print(json.dumps(results[-1]), flush=True)
     base = {r["backend"]: r["tokens_per_s"] for r in results if r["variant"] == "base"}
     print(f"\n{torch.cuda.get_device_name()} | torch {torch.__version__} | lightning {L.__version__} | "
-          f"python {platform.python_version()} | {datetime.date.today()} | B={args.batch_size}x2048, "
+          f"python {platform.python_version()} | {datetime.date.today()} | B={args.batch_size}x{args.seq_len}, "
           f"{args.steps} steps, timed after {args.warmup}")
     print("| model | variant | impl | tokens/s | vs base | vs sdpa | vs fox | peak GiB | loss at end |")
     print("|---|---|---|---|---|---|---|---|---|")

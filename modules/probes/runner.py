@@ -41,10 +41,14 @@ def row_identity(group: Group, backend: str, seeds: list[int], budget: Budget) -
 def row_record(group: Group, backend: str, seeds: list[int], budget: Budget, device: str, progress=None,
                parts: list[dict] = ()) -> dict:
     """Train one row and return its record; with `parts` (chunks of earlier runs), only the seeds they lack."""
-    done = {seed for part in parts for seed in part["seeds"]}
-    missing = [seed for seed in seeds if seed not in done]
     return merge_chunks(group, backend, seeds, budget, device,
-                        [*parts, train_chunk(group, backend, missing, budget, device, progress)])
+                        [*parts, train_chunk(group, backend, missing_seeds(seeds, parts), budget, device, progress)])
+
+
+def missing_seeds(seeds: list[int], parts: list[dict]) -> list[int]:
+    """The seeds of `seeds` that no part (chunk or earlier seed range) trained, in order."""
+    done = {seed for part in parts for seed in part["seeds"]}
+    return [seed for seed in seeds if seed not in done]
 
 
 CHUNK_KEYS = ("seeds", "accuracies", "final_loss", "held_out_distinct", "seconds", "device")
@@ -244,8 +248,7 @@ def _run_in_pool(todo: list[int], jobs: list[tuple], workers: int, finished, log
         futures, waiting, parts = {}, {}, {}
         for i, job in zip(todo, jobs):
             group, backend, seeds, row_budget, device, earlier = job
-            done = {seed for part in earlier for seed in part["seeds"]}
-            chunks = seed_chunks(group, [seed for seed in seeds if seed not in done], per_row)
+            chunks = seed_chunks(group, missing_seeds(seeds, earlier), per_row)
             waiting[i], parts[i] = len(chunks), list(earlier)
             for chunk in chunks:
                 label = f"{group.label} · {backend}" + (f", seeds {chunk[0]}–{chunk[-1]}" if len(chunks) > 1 else "")

@@ -300,7 +300,9 @@ class DecodeSession:
             raise RuntimeError("step() needs a prefilled cache: call prefill() first")
         if self.reserved < 1:
             self.reserve(self.check_every)
-        ids = ids.to(self.device)
+        # contiguous: a compiled step guards on strides (dynamic=False), and the captured step reads a contiguous
+        # buffer, so a strided slice such as ids[:, t] warming the step would recompile it inside the capture
+        ids = ids.to(self.device).contiguous()
         if not self.cuda_graph:
             logits = self.step_fn(ids)
         elif self._graph is None and not self._warm:

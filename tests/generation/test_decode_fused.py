@@ -147,3 +147,17 @@ def test_compiled_steps_within_the_same_precision_bound():
     torch._dynamo.reset()
     same, got = decoded(fp32, ids, "fused", rule), decoded(fp32, ids, "fused", rule, compile=True)
     assert_within_bound(got, same, reference, "compiled")
+
+
+def test_a_compiled_step_does_not_recompile_for_a_strided_token_slice():
+    """A CUDA-graph session warms the compiled step on the caller's ids and captures it on a contiguous copy;
+    were a strided slice such as ids[:, t] compiled as given, the capture would recompile (a stride guard), which
+    CUDA forbids during capture. Steps take their ids contiguous, so the second call finds the first's graph."""
+    s = DecodeSession(decoder_d16(backend="fpa").float(), attention_impl="naive", check_every=8, compile=True)
+    ids = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(1))
+    torch._dynamo.reset()
+    with torch.no_grad():
+        s.prefill([ids[0, :6], ids[1, :5]], max_new_tokens=4)
+        s.step(ids[:, 6])  # a column of a (2, 12) tensor: stride 12
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            s.step(ids[:, 7].clone())

@@ -6,7 +6,8 @@ Methods: sdpa-flash, sdpa-cudnn (torch.nn.attention.sdpa_kernel), fox (FlexAtten
 no skipping), fpa-skip10 (skip_threshold=-10), the other FPA variants, fused: fpa-query (query level),
 fpa-dipsum (dip-sum reduction), fpa-docs (document masking: packed documents of geometric length, mean 1024
 tokens; SDPA-flash, its reference, attends across them), selective and dcp (layer-shared bias through SDPA),
-selective-fused (Selective Attention's Triton kernel, no (T, T) bias).
+selective-fused (Selective Attention's Triton kernel, no (T, T) bias), dcp-fused (DCP's Triton kernel, no (T, T)
+bias; dcp and dcp-fused take fp32 qi, ki of width r = 32, as DcpBackend makes them).
 Inputs are fresh random non-zero tensors, bf16; FPA uses realistic walks: increments δ with a
 negative mean (−0.02 per token) and noise (0.3), φ = W + g, ψ = W + h, β = 1, so most old keys are
 dead, as in a trained model. Every time is also printed as a ratio to sdpa-flash from the same run.
@@ -100,17 +101,19 @@ def make_methods(B, T, H, D, device):
         q, k, v = qkv()
         return (lambda: selective_attention_fused(q, k, v)), (q, k, v)
 
-    def dcp(r=32):
-        from fpa_lightning.ops.dcp import dcp_attention_gpu
+    def dcp(r=32, fused=False):
+        from fpa_lightning.ops.dcp import dcp_attention_fused, dcp_attention_gpu
 
+        op = dcp_attention_fused if fused else dcp_attention_gpu
         q, k, v = qkv()
         qi, ki = (torch.randn(B, T, r, device=device).requires_grad_() for _ in range(2))
         offset = torch.tensor(0.9, device=device, requires_grad=True)
-        return (lambda: dcp_attention_gpu(q, k, v, qi, ki, offset)), (q, k, v, qi, ki, offset)
+        return (lambda: op(q, k, v, qi, ki, offset)), (q, k, v, qi, ki, offset)
 
     methods["selective"] = selective
     methods["selective-fused"] = selective_fused
     methods["dcp"] = dcp
+    methods["dcp-fused"] = lambda: dcp(fused=True)
     return methods
 
 

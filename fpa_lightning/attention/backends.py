@@ -13,7 +13,9 @@ import torch.nn.functional as F
 from fpa_lightning.attention.base import AttentionBackend
 from fpa_lightning.ops.alibi import alibi_cumulative, alibi_slopes
 from fpa_lightning.ops.common import FAR, at_least_fp32, cumsum_within_documents, document_first_tokens
-from fpa_lightning.ops.dcp import dcp_attention_gpu, dcp_bias, dcp_bias_block, log_keep
+from fpa_lightning.ops.dcp import dcp_attention_fused, dcp_bias, dcp_bias_block, log_keep
+from fpa_lightning.ops.dcp.fused import HEAD_DIMS as DCP_FUSED_HEAD_DIMS
+from fpa_lightning.ops.dcp.fused import INTERACTION_DIMS as DCP_FUSED_INTERACTION_DIMS
 from fpa_lightning.ops.fox import fox_bias, fox_bias_block
 from fpa_lightning.ops.fox_flex import fox_flex_attention
 from fpa_lightning.ops.fpa.chunked import fpa_bias_block
@@ -69,6 +71,7 @@ class AlibiBackend(AttentionBackend):
 _fused_fpa = torch.compiler.disable(fused_fpa_attention)
 _fox_flex = torch.compiler.disable(fox_flex_attention)
 _fused_selective = torch.compiler.disable(selective_attention_fused)
+_fused_dcp = torch.compiler.disable(dcp_attention_fused)
 
 
 def _running_sum(values: torch.Tensor, segment_ids: torch.Tensor | None) -> torch.Tensor:
@@ -303,9 +306,16 @@ class DcpBackend(AttentionBackend):
     def own_bias_block(self, ingredients, lo, hi, carry):
         return dcp_bias_block(ingredients["qi"], ingredients["ki"], ingredients["offset"], lo, hi, carry)
 
-    def fused(self, q, k, v, ingredients, segment_ids=None):
-        return dcp_attention_gpu(q, k, v, ingredients["qi"], ingredients["ki"], ingredients["offset"], scale=self.scale,
-                                 segment_ids=segment_ids)
+    fused_head_dims = DCP_FUSED_HEAD_DIMS
+
+    def fused_unsupported_reason(self):
+        if self.cfg.dcp_dim not in DCP_FUSED_INTERACTION_DIMS:
+            return f"the Triton kernel supports dcp_dim in {DCP_FUSED_INTERACTION_DIMS}, got {self.cfg.dcp_dim}"
+        return super().fused_unsupported_reason()
+
+    def fused(self, q, k, v, ingredients, segment_ids=None):  # the Triton kernel (ops/dcp/fused.py), no (T, T) bias
+        return _fused_dcp(q, k, v, ingredients["qi"], ingredients["ki"], ingredients["offset"], scale=self.scale,
+                          segment_ids=segment_ids)
 
     # decoding: per cached key its interaction key ki_s (r floats) and its log keep so far, for all heads
     shared_key_state = True

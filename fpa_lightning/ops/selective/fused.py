@@ -61,35 +61,43 @@ _WARPS_D128 = {"bwd_kv": 8, "bwd_q": 8}
 
 
 def _tiles() -> dict:
+    return tile_sizes("SEL")
+
+
+def _prefix_by_dot() -> bool:
+    return prefix_by_dot("SEL")
+
+
+def tile_sizes(env: str) -> dict:
     """Tile sizes, powers of two >= 16: {"fwd": (BM, BN), "bwd": (BT, BN, BM)}. The forward's query tile BM is its
     carry table's granularity. In the backward, BT is the key-major kernel's query tile and both tables' granularity,
     BN the key tile of every backward kernel, and BM the query-major kernel's query tile (a multiple of BT). GPU:
     64 x 64 forward; backward 32-query tiles in the key-major kernel (its three (BN, D) accumulators leave little
     room: at 64 it spills, in an offline sm_90a compile) and 64 x 64 in the query-major one. The interpreter: 16
-    everywhere (its tests stay tiny). SEL_FWD_BM, SEL_FWD_BN, SEL_BWD_BT, SEL_BWD_BN, SEL_BWD_BM override them (for
-    A/B benchmarks only)."""
+    everywhere (its tests stay tiny). {env}_FWD_BM, _FWD_BN, _BWD_BT, _BWD_BN, _BWD_BM override them (for A/B
+    benchmarks only; env "SEL" here, "DCP" for the DCP kernels, which share this layout)."""
     if _interpreting():
         fwd, bwd = (16, 16), (16, 16, 16)
     else:
         fwd, bwd = (64, 64), (32, 64, 64)
-    fwd = tuple(env_int(f"SEL_FWD_{n}") or v for n, v in zip(("BM", "BN"), fwd))
-    bwd = tuple(env_int(f"SEL_BWD_{n}") or v for n, v in zip(("BT", "BN", "BM"), bwd))
+    fwd = tuple(env_int(f"{env}_FWD_{n}") or v for n, v in zip(("BM", "BN"), fwd))
+    bwd = tuple(env_int(f"{env}_BWD_{n}") or v for n, v in zip(("BT", "BN", "BM"), bwd))
     return {"fwd": fwd, "bwd": bwd}
 
 
-def _check_tiles(tiles: dict) -> None:
+def check_tile_sizes(tiles: dict, op: str) -> None:
     for size in (*tiles["fwd"], *tiles["bwd"]):
         if size < 16 or size & (size - 1):
-            raise ValueError(f"selective_attention_fused: tile sizes must be powers of two >= 16, got {tiles}")
+            raise ValueError(f"{op}: tile sizes must be powers of two >= 16, got {tiles}")
     BT, _, BM = tiles["bwd"]
     if BM % BT:
-        raise ValueError(f"selective_attention_fused: the backward's query tile must be a multiple of BT, got {tiles}")
+        raise ValueError(f"{op}: the backward's query tile must be a multiple of BT, got {tiles}")
 
 
-def _prefix_by_dot() -> bool:
+def prefix_by_dot(env: str) -> bool:
     """The in-tile prefix and suffix sums over queries: True = a triangular matmul (tensor cores), False = a scan
-    (tl.cumsum). SEL_PREFIX=scan selects the scan, for A/B benchmarks only."""
-    return os.environ.get("SEL_PREFIX", "dot") != "scan"
+    (tl.cumsum). {env}_PREFIX=scan selects the scan, for A/B benchmarks only."""
+    return os.environ.get(f"{env}_PREFIX", "dot") != "scan"
 
 
 def _head_groups(B: int, H: int, nJ: int, device: torch.device) -> int:
@@ -111,14 +119,15 @@ def _head_groups(B: int, H: int, nJ: int, device: torch.device) -> int:
     return H
 
 
-def _launch_cfg(kernel: str, D: int) -> dict:
-    """Launch config of a kernel; SEL_<KERNEL>_{WARPS,STAGES} override it (A/B benchmarks only)."""
+def launch_cfg(kernel: str, D: int, env: str) -> dict:
+    """Launch config of a kernel ("carry", "fwd", "bwd_kv", "bwd_q"); {env}_<KERNEL>_{WARPS,STAGES} override it
+    (A/B benchmarks only)."""
     if _interpreting():
         return {}
     cfg = dict(_LAUNCH[kernel])
     if D >= 128 and kernel in _WARPS_D128:
         cfg["num_warps"] = _WARPS_D128[kernel]
-    return with_env_overrides(cfg, f"SEL_{kernel.upper()}", (("num_warps", "WARPS"), ("num_stages", "STAGES")))
+    return with_env_overrides(cfg, f"{env}_{kernel.upper()}", (("num_warps", "WARPS"), ("num_stages", "STAGES")))
 
 
 def _empty(shape, *, dtype, device):
@@ -164,7 +173,7 @@ def _carry_table(q, k, keep, T, Tp, BT, BN, QM, scale, cx):
     cf = _empty((B, nT, Tp), dtype=torch.float32, device=q.device)
     kernels._sel_carry_kernel[(triton.cdiv(T, BN), B)](
         q, k, cf, keep, q.stride(0), q.stride(1), k.stride(0), k.stride(1), T, Tp, nT, scale,
-        BT=BT, BN=BN, QM=QM, **cx, **_launch_cfg("carry", cx["D"]),
+        BT=BT, BN=BN, QM=QM, **cx, **launch_cfg("carry", cx["D"], "SEL"),
     )
     return cf
 
@@ -174,7 +183,7 @@ class _SelectiveFunction(torch.autograd.Function):
     def forward(ctx, q, k, v, scale, segment_ids):
         B, T, H, D = q.shape
         tiles = _tiles()
-        _check_tiles(tiles)
+        check_tile_sizes(tiles, "selective_attention_fused")
         (BM, BN), (BT_b, BN_b, BM_b) = tiles["fwd"], tiles["bwd"]
         Tp = triton.cdiv(T, max(BM, BN, BT_b, BN_b, BM_b)) * max(BM, BN, BT_b, BN_b, BM_b)
         dev = q.device
@@ -192,7 +201,7 @@ class _SelectiveFunction(torch.autograd.Function):
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
             T, H, Tp, Tp // BM, triton.cdiv(T, BN), scale,
-            BM=BM, BN=BN, RATIO=1, DOT=dot, **cx, **_launch_cfg("fwd", cx["D"]),
+            BM=BM, BN=BN, RATIO=1, DOT=dot, **cx, **launch_cfg("fwd", cx["D"], "SEL"),
         )
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.documents = (ids, keep) if seg else None
@@ -232,14 +241,14 @@ class _SelectiveFunction(torch.autograd.Function):
         kernels._sel_bwd_kv_kernel[(nJ, B * G)](
             q, k, v, do, dk, dv, lse, delta, cf, rcp, dk0p, keep, ids, ihi,
             *strides, dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
-            T, H, Tp, nT, H // G, scale, BT=BT, BN=BN, DOT=dot, **cx, **_launch_cfg("bwd_kv", cx["D"]),
+            T, H, Tp, nT, H // G, scale, BT=BT, BN=BN, DOT=dot, **cx, **launch_cfg("bwd_kv", cx["D"], "SEL"),
         )
         rc = rcp[:, 0] if G == 1 else rcp.sum(dim=1)  # never-written entries are never read
         kernels._sel_bwd_q_kernel[(triton.cdiv(T, BM), B * G)](
             q, k, v, do, dq, lse, delta, cf, rc, dq0p, keep, ids, jlo_later, ihi,
             *strides, dq.stride(0), dq.stride(1), dq.stride(2),
             T, H, Tp, nT, nJ, H // G, scale, BM=BM, BN=BN, RATIO=BM // BT, DOT=dot, **cx,
-            **_launch_cfg("bwd_q", cx["D"]),
+            **launch_cfg("bwd_q", cx["D"], "SEL"),
         )
         # head 0: its own gradient plus every head's gradient through F, summed over the groups
         dq[:, :, 0] = dq0p.sum(dim=1)[:, :T]

@@ -122,6 +122,35 @@ def _triangles(BM: tl.constexpr):
     return tri, tri_t
 
 
+@triton.jit
+def _online_softmax(s, m_i, l_i, acc, v, PREC: tl.constexpr, SPLIT_P: tl.constexpr):
+    # one key tile of the forward's online softmax (log2 units): the running row max m_i, sum l_i and output acc.
+    # SPLIT_P: P·V with P as the sum of two terms in v's dtype (about 16 bits of P instead of 8 for bf16; one more
+    # tensor-core dot), for an output that agrees with the fp32 P of the backward (the DCP kernel's Δ needs it)
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_use = tl.where(m_new == -float("inf"), 0.0, m_new)  # a row with no key yet (its keys come later)
+    p = tl.exp2(s - m_use[:, None])
+    alpha = tl.exp2(m_i - m_use)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    p_hi = p.to(v.dtype)
+    acc = acc * alpha[:, None] + tl.dot(p_hi, v, input_precision=PREC)
+    if SPLIT_P:
+        acc += tl.dot((p - p_hi.to(tl.float32)).to(v.dtype), v, input_precision=PREC)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _flash_kv_step(s_t, attend, lse, delta, q, do, v, dk, dv, PREC: tl.constexpr):
+    # one query tile of a key-major flash backward on transposed tiles [key, query]: P, dS = P (dP - Δ) and the
+    # dv, dk accumulations (dk without its scale)
+    p_t = tl.where(attend, tl.exp2(s_t - lse[None, :]), 0.0)
+    dv += tl.dot(p_t.to(do.dtype), do, input_precision=PREC)
+    dp_t = tl.dot(v, tl.trans(do), input_precision=PREC)
+    ds_t = p_t * (dp_t - delta[None, :])
+    dk += tl.dot(ds_t.to(q.dtype), q, input_precision=PREC)
+    return ds_t, dk, dv
+
+
 # ---------------------------------------------------------------------------------------------
 # carry: CF[b, r, s] = Σ_{t' < r·BT} S[t', s], for the rows r that can be read (0 up to the key's own tile)
 # ---------------------------------------------------------------------------------------------
@@ -197,13 +226,7 @@ def _sel_fwd_kernel(
         if SEG:
             seg_j = tl.load(SEGP + b * Tp + offs_n)
         s = tl.where(_attend_mask(offs_m, offs_n, seg_i, seg_j, SEG), s, -float("inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_use = tl.where(m_new == -float("inf"), 0.0, m_new)  # a row with no key yet (its keys come later)
-        p = tl.exp2(s - m_use[:, None])
-        alpha = tl.exp2(m_i - m_use)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
-        m_i = m_new
+        m_i, l_i, acc = _online_softmax(s, m_i, l_i, acc, v, PREC, False)
     acc = acc / l_i[:, None]
     tl.store(O + b * s_ob + h * s_oh + offs_m[:, None] * s_ot + offs_d[None, :], acc.to(O.dtype.element_ty),
              mask=row_ok[:, None])
@@ -272,11 +295,7 @@ def _sel_bwd_kv_kernel(
             attend = (offs_n[:, None] <= offs_m[None, :]) & row_ok[None, :]
             if SEG:
                 attend = attend & (seg_j[:, None] == tl.load(SEGP + b * Tp + offs_m)[None, :])
-            p_t = tl.where(attend, tl.exp2(s_t - lse[None, :]), 0.0)
-            dv += tl.dot(p_t.to(do.dtype), do, input_precision=PREC)
-            dp_t = tl.dot(v, tl.trans(do), input_precision=PREC)
-            ds_t = p_t * (dp_t - delta[None, :])
-            dk += tl.dot(ds_t.to(q.dtype), q, input_precision=PREC)
+            ds_t, dk, dv = _flash_kv_step(s_t, attend, lse, delta, q, do, v, dk, dv, PREC)
             # the selection: this head's share of R, the running carry, and RC (read-modify-write by this program
             # only; the group's first head writes)
             rc_ptr = RCP + ((b * G + g) * nT + I) * Tp + offs_n

@@ -4,16 +4,19 @@ Interaction queries and keys (qi, ki: (B, T, r), shared across heads) give a kee
 (query, key) through the sparse sigmoid σ₂(z) = clamp((z + 1) / 2, 0, 1) (α = 2 entmax of [z, 0]);
 a key dropped by any query stays dropped: keep(t, s) = Π_{s<t'≤t} σ₂(z[t', s]). The log of that
 product is added to every head's logits (layer-shared): bias = Σ_{s<t'≤t} log σ₂(z[t', s]), (B, 1, T, T).
+
+The readable definition: everything here materialises (T, T) tensors and runs in any dtype (float64 for
+references). ``dcp_attention_gpu`` (sdpa.py) feeds the materialised bias to SDPA; ``dcp_attention_fused``
+(fused.py) computes the same attention without it.
 """
 from __future__ import annotations
 
 import math
 
 import torch
-import torch.nn.functional as F
 
 from fpa_lightning.ops.blockwise import query_cumsum_block
-from fpa_lightning.ops.common import same_document
+from fpa_lightning.ops.common import dense_attention, same_document
 
 # log of a hard zero: a finite floor keeps sums and their gradients finite (exp(−69) is 1e-30).
 _LOG_FLOOR_PROB = 1e-30
@@ -52,10 +55,7 @@ def dcp_bias_block(qi, ki, offset, lo: int, hi: int, carry):
     return rows[:, None], carry
 
 
-def dcp_attention_gpu(q, k, v, qi, ki, offset, *, scale: float | None = None, segment_ids: torch.Tensor | None = None):
-    """Fast path: one layer-shared (B, 1, T, T) bias fed to SDPA's memory-efficient kernel."""
-    bias = dcp_bias(qi, ki, offset, segment_ids).to(q.dtype)
-    out = F.scaled_dot_product_attention(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=bias, scale=scale
-    )
-    return out.transpose(1, 2)
+def dcp_attention_naive(q, k, v, qi, ki, offset, *, scale: float | None = None,
+                        segment_ids: torch.Tensor | None = None):
+    """Readable definition: the materialised bias of ``dcp_bias`` added to every head's logits, (B, T, H, D)."""
+    return dense_attention(q, k, v, dcp_bias(qi, ki, offset, segment_ids), scale=scale, segment_ids=segment_ids)

@@ -1,0 +1,215 @@
+"""Fused DCP attention (Triton): the definition of naive.py without the (T, T) bias.
+
+    dcp_attention_fused(q, k, v, qi, ki, offset, *, scale=None, segment_ids=None) -> (B, T, H, D)
+
+q, k, v: (B, T, H, D) in bf16, fp16 or fp32, head dim 16, 32, 64 or 128; qi, ki: (B, T, r) interaction queries and
+keys shared by all heads, r in 16, 32, 64, 128, one dtype among bf16, fp16, fp32 (it may differ from q's: the
+backend makes them in fp32); offset: a one-element float tensor (shape () or (1,)). z[t', s] = qi[t']·ki[s]/√r +
+offset, L = log max(clamp((z + 1)/2, 0, 1), 1e-30), bias[t, s] = Σ_{s<t'≤t} L[t', s] added to every head's logits,
+causal, and with segment_ids (B, T) only keys of the query's own document are seen (the bias of a pair sums every
+query between them, as ``dcp_bias`` does for any ids). Gradients for q, k, v, qi, ki and offset. Anything else
+(dtype, head dim, r, shapes, device) raises ValueError; there is no silent fallback.
+
+Memory besides the inputs and the output, all fp32 (T_p: T padded to whole tiles; BT: a table's row granularity, 64
+queries in the forward and 32 in the backward on the GPU; G: head groups of the backward, Selective's
+``_head_groups``; r: the interaction width):
+  - carry table CF (B, T_p/BT, T_p): column sums of L over all earlier queries at every BT-th row, B·T²/BT·4 bytes
+    (T = 16384: 16 MiB in the forward, 32 MiB in the backward; the SDPA path's bf16 bias is 512 MiB per sequence).
+    Rebuilt in the backward, not kept.
+  - saved between the passes: the log-sum-exp (B·H, T_p) and, for bf16/fp16 q, the fp32 output (B, T_p, H, D) (see
+    below), i.e. B·T·H·(D + 1)·4 bytes.
+  - backward: the reverse carry RC, once per head group plus their sum when G > 1, (G + 1)·B·T²/BT·4 bytes; Δ
+    (B, H, T_p); dqi and dki partials (B, G, T_p, r) each; offset partials (B, G, T_p/BN).
+Precision: every accumulation is fp32. z is one tl.dot over r in the interaction inputs' dtype (bf16/fp16 on tensor
+cores; fp32 operands in tf32 when q is bf16/fp16, in full fp32 when q is fp32); the in-tile prefix and suffix sums
+over queries (fp32 operands) in tf32x3 when q is bf16/fp16 (three tf32 dots, near fp32), in full fp32 when q is fp32,
+DCP_BIAS_PREC overriding it ("tf32", "ieee": A/B only). The offset gradient is a sum of dz over all T²/2 pairs, so it
+collects coherently any error that makes a row of dS = P(dP − Δ) sum to other than zero. Hence Δ = rowsum(dO·O) is
+taken from an fp32 output whose P·V product takes P to about 16 bits (P split into two terms in v's dtype, one more
+tensor-core dot per tile, ``_online_softmax``'s SPLIT_P), so that it matches the backward's fp32 P. The second attempt
+(KERNEL_LOG.md, "DCP d2") took it from round(P)·V in fp32 and failed at 1 × 4096 in bf16 with 8.5× PyTorch's offset
+error; a float64 emulation of that rounding moves the offset gradient by 2.43 of the 2.81 measured, and tf32 bias
+sums by up to 0.58 (docs/benchmarks/dcp_d2_2026-12-03/).
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import triton
+
+from fpa_lightning.ops.dcp import kernels
+from fpa_lightning.ops.kernel_inputs import QKV_DTYPES, check_device, check_qkv, check_scale, check_segment_ids
+from fpa_lightning.ops.selective import fused as _sel
+
+HEAD_DIMS = (16, 32, 64, 128)
+"""Head dims the kernels are built for."""
+INTERACTION_DIMS = (16, 32, 64, 128)
+"""Interaction widths r the kernels are built for."""
+
+OP = "dcp_attention_fused"
+
+# Test hook, for tests only: when True, every output and scratch buffer starts as NaN (see Selective's fused.py).
+TEST_HOOK_POISON_OUTPUTS = False
+
+# Tiles and launch configs: Selective's (``tile_sizes``, ``launch_cfg``), untuned, with DCP_* variables overriding
+# them for A/B only (benchmarks/dcp_kernel_check.sh A/Bs them).
+def _tiles() -> dict:
+    return _sel.tile_sizes("DCP")
+
+
+def _prefix_by_dot() -> bool:
+    return _sel.prefix_by_dot("DCP")
+
+
+def _head_groups(B: int, H: int, nJ: int, device: torch.device) -> int:
+    """Head groups of the backward: Selective's rule (a divisor of H; SEL_HEAD_GROUPS overrides it)."""
+    return _sel._head_groups(B, H, nJ, device)
+
+
+def _launch_cfg(kernel: str, D: int) -> dict:
+    return _sel.launch_cfg(kernel, D, "DCP")
+
+
+def _empty(shape, *, dtype, device):
+    if TEST_HOOK_POISON_OUTPUTS:
+        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def _carry_table(qi, ki, offset, T, Tp, BT, BN, QM, cx):
+    """CF (B, Tp / BT, Tp) fp32: CF[row, s] = Σ_{t' < row·BT} L[t', s], from the first row a reader needs."""
+    B = qi.shape[0]
+    nT = Tp // BT
+    cf = _empty((B, nT, Tp), dtype=torch.float32, device=qi.device)
+    kernels._dcp_carry_kernel[(triton.cdiv(T, BN), B)](
+        qi, ki, offset, cf, qi.stride(0), qi.stride(1), ki.stride(0), ki.stride(1), T, Tp, nT, cx["rs"],
+        BT=BT, BN=BN, QM=QM, R=cx["R"], PREC=cx["PREC"], **_launch_cfg("carry", cx["D"]),
+    )
+    return cf
+
+
+def _consts(cx):
+    """The constexprs every attention kernel takes."""
+    return {k: cx[k] for k in ("D", "R", "PREC", "BPREC", "DOT", "SEG")}
+
+
+class _DcpFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, qi, ki, offset, scale, segment_ids):
+        B, T, H, D = q.shape
+        tiles = _tiles()
+        _sel.check_tile_sizes(tiles, OP)
+        (BM, BN), (BT_b, BN_b, BM_b) = tiles["fwd"], tiles["bwd"]
+        big = max(BM, BN, BT_b, BN_b, BM_b)
+        Tp = triton.cdiv(T, big) * big
+        dev = q.device
+        seg = segment_ids is not None
+        prec = "ieee" if q.dtype == torch.float32 else "tf32"
+        bias_prec = "ieee" if q.dtype == torch.float32 else "tf32x3"  # the bias path's sums near fp32 (see above)
+        cx = {"D": D, "R": qi.shape[-1], "PREC": prec, "BPREC": os.environ.get("DCP_BIAS_PREC") or bias_prec,
+              "DOT": _prefix_by_dot(), "SEG": seg, "rs": 1.0 / math.sqrt(qi.shape[-1])}
+        off = offset.detach().reshape(1).to(torch.float32)
+        ids = _sel._document_ids(segment_ids, Tp)[0] if seg else None
+        jlo = _sel._tile_bounds(ids, T, BM, BN)[0] if seg else None
+        o = _empty((B, T, H, D), dtype=q.dtype, device=dev)
+        store32 = q.dtype != torch.float32
+        lse = _empty((B * H, Tp), dtype=torch.float32, device=dev)
+        o32 = _empty((B, Tp, H, D), dtype=torch.float32, device=dev) if store32 else lse
+        cf = _carry_table(qi, ki, off, T, Tp, BM, BN, BM, cx)  # freed after the forward
+        dummy = lse  # stands for the tables a variant without documents never reads
+        kernels._dcp_fwd_kernel[(triton.cdiv(T, BM), B * H)](
+            q, k, v, qi, ki, off, o, o32, lse, cf, ids if seg else dummy, jlo if seg else dummy,
+            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
+            qi.stride(0), qi.stride(1), ki.stride(0), ki.stride(1),
+            T, H, Tp, Tp // BM, triton.cdiv(T, BN), scale, cx["rs"],
+            BM=BM, BN=BN, STORE32=store32, **_consts(cx), **_launch_cfg("fwd", D),
+        )
+        ctx.save_for_backward(q, k, v, qi, ki, off, o32[:, :T] if store32 else o, lse)
+        ctx.ids = ids
+        ctx.offset_like = (offset.shape, offset.dtype)
+        ctx.cfg = (scale, cx, tiles["bwd"], Tp)
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, qi, ki, off, o32, lse = ctx.saved_tensors
+        scale, cx, (BT, BN, BM), Tp = ctx.cfg
+        B, T, H, D = q.shape
+        R = qi.shape[-1]
+        dev = q.device
+        seg = ctx.ids is not None
+        dummy = lse
+        ids = ctx.ids if seg else dummy
+        if seg:
+            jlo_later = _sel._tile_bounds(ids, T, BM, BN)[0]  # then its suffix minimum: tile I or any later one
+            jlo_later = jlo_later.flip(-1).cummin(dim=-1).values.flip(-1).contiguous()
+            ihi = _sel._tile_bounds(ids, T, BT, BN)[1]
+        else:
+            jlo_later = ihi = dummy
+        if do.stride(-1) != 1:
+            do = do.contiguous()
+        nT, nJ = Tp // BT, triton.cdiv(T, BN)
+        G = _head_groups(B, H, nJ, dev)
+        delta = torch.zeros((B, H, Tp), dtype=torch.float32, device=dev)  # rowsum(dO * O), 0 on padded rows
+        delta[:, :, :T] = (do.float() * o32.float()).sum(-1).transpose(1, 2)
+        dq = _empty(q.shape, dtype=q.dtype, device=dev)
+        dk = _empty(k.shape, dtype=k.dtype, device=dev)
+        dv = _empty(v.shape, dtype=v.dtype, device=dev)
+        cf = _carry_table(qi, ki, off, T, Tp, BT, BN, BM, cx)
+        rcp = _empty((B, G, nT, Tp), dtype=torch.float32, device=dev)
+        dkip = _empty((B, G, Tp, R), dtype=torch.float32, device=dev)
+        dqip = _empty((B, G, Tp, R), dtype=torch.float32, device=dev)
+        offp = _empty((B, G, nJ), dtype=torch.float32, device=dev)
+        strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+                   v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
+                   qi.stride(0), qi.stride(1), ki.stride(0), ki.stride(1))
+        kernels._dcp_bwd_kv_kernel[(nJ, B * G)](
+            q, k, v, qi, ki, off, do, dk, dv, lse, delta, cf, rcp, dkip, offp, ids, ihi,
+            *strides, dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
+            T, H, Tp, nT, H // G, scale, cx["rs"], BT=BT, BN=BN, **_consts(cx), **_launch_cfg("bwd_kv", D),
+        )
+        rc = rcp[:, 0] if G == 1 else rcp.sum(dim=1)  # never-written entries are never read
+        kernels._dcp_bwd_q_kernel[(triton.cdiv(T, BM), B * G)](
+            q, k, v, qi, ki, off, do, dq, lse, delta, cf, rc, dqip, ids, jlo_later, ihi,
+            *strides, dq.stride(0), dq.stride(1), dq.stride(2),
+            T, H, Tp, nT, nJ, H // G, scale, cx["rs"], BM=BM, BN=BN, RATIO=BM // BT, **_consts(cx),
+            **_launch_cfg("bwd_q", D),
+        )
+        dqi = dqip.sum(dim=1)[:, :T].to(qi.dtype)
+        dki = dkip.sum(dim=1)[:, :T].to(ki.dtype)
+        shape, dtype = ctx.offset_like
+        doff = offp.sum().reshape(shape).to(dtype)  # a fixed-order sum of per-program fp32 partials
+        return dq, dk, dv, dqi, dki, doff, None, None
+
+
+def _check(q, k, v, qi, ki, offset, scale, segment_ids):
+    B, T, _, _ = check_qkv(OP, q, k, v, HEAD_DIMS, {"qi": qi, "ki": ki, "offset": offset})
+    for name, t in (("qi", qi), ("ki", ki)):
+        if t.dim() != 3 or t.shape[:2] != (B, T):
+            raise ValueError(f"{OP}: {name} must be (B, T, r) with (B, T) = {(B, T)}, got shape {tuple(t.shape)}")
+    if ki.shape != qi.shape:
+        raise ValueError(f"{OP}: qi and ki must share one shape (B, T, r); got {tuple(qi.shape)}, {tuple(ki.shape)}")
+    if qi.shape[-1] not in INTERACTION_DIMS:
+        raise ValueError(f"{OP}: interaction width r must be one of {INTERACTION_DIMS}, got {qi.shape[-1]}")
+    if qi.dtype not in QKV_DTYPES or ki.dtype != qi.dtype:
+        raise ValueError(f"{OP}: qi, ki must share one dtype among bf16, fp16, fp32; got {qi.dtype}, {ki.dtype}")
+    if offset.numel() != 1 or offset.dim() > 1 or offset.dtype not in QKV_DTYPES:
+        raise ValueError(f"{OP}: offset must be a one-element bf16/fp16/fp32 tensor of shape () or (1,), got "
+                         f"{tuple(offset.shape)} {offset.dtype}")
+    dev = check_device(OP, {"q": q, "k": k, "v": v, "qi": qi, "ki": ki, "offset": offset})
+    check_scale(OP, scale)
+    check_segment_ids(OP, segment_ids, B, T, dev)
+
+
+def dcp_attention_fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qi: torch.Tensor, ki: torch.Tensor,
+                        offset: torch.Tensor, *, scale: float | None = None,
+                        segment_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Causal DCP attention, fused: q, k, v (B, T, H, D), qi, ki (B, T, r), offset (one element) -> (B, T, H, D) in
+    q's dtype. Same semantics as ``dcp_attention_naive`` (naive.py)."""
+    _check(q, k, v, qi, ki, offset, scale, segment_ids)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    q, k, v, qi, ki = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v, qi, ki))
+    return _DcpFunction.apply(q, k, v, qi, ki, offset, scale, segment_ids)

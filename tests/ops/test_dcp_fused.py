@@ -1,0 +1,429 @@
+"""The fused DCP attention kernel against its definition (ops/dcp/naive.py).
+
+CPU: through Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1 without CUDA), tiny odd shapes, tiles
+of 16, fp32 and fp16 (the interpreter's bf16 dot is wrong). GPU (marked `gpu`): bf16 at real sizes.
+Tolerance rule (test_selective_fused.py's): the kernel's error against a float64 reference is at most 2× the error of
+the same-precision PyTorch definition (the naive op run on the same low-precision inputs), plus a few fp32 ulps of
+the tensor's scale, for the output and the gradients of q, k, v, qi, ki and the offset.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from fpa_lightning.ops.dcp import dcp_attention_fused, dcp_attention_naive, dcp_bias
+from fpa_lightning.ops.dcp import fused as fused_mod
+from fpa_lightning.ops.common import dense_attention
+from fpa_lightning.ops.selective.kernels import _online_softmax
+
+HAS_CUDA = torch.cuda.is_available()
+DEV = "cuda" if HAS_CUDA else "cpu"
+NAMES = ("out", "dq", "dk", "dv", "dqi", "dki", "doffset")
+
+
+def make_inputs(B, T, H, D, r=16, *, seed=0, i_scale=0.5, offset=0.6):
+    """float64 (q, k, v, qi, ki, offset) and dO on the CPU. With the defaults z = qi·ki/√r + offset spreads over
+    about offset ± 0.5: keep = (z + 1)/2 stays inside (0, 1) for most pairs."""
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v, do = (torch.randn(B, T, H, D, generator=gen, dtype=torch.float64) for _ in range(4))
+    qi, ki = (torch.randn(B, T, r, generator=gen, dtype=torch.float64) * i_scale for _ in range(2))
+    return (q, k, v, qi, ki, torch.tensor(offset, dtype=torch.float64)), do
+
+
+def documents(B, T, *, seed=0, mean_length=9, device=DEV):
+    """(B, T) int64 ids of packed documents: contiguous runs of random length (mid-tile starts)."""
+    gen = torch.Generator().manual_seed(seed)
+    starts = torch.rand(B, T, generator=gen) < 1.0 / mean_length
+    starts[:, 0] = False
+    return starts.long().cumsum(1).to(device)
+
+
+def run(fn, inputs, do, dtype, device, **kw):
+    """Output and the six gradients, as float64 CPU tensors. The offset stays fp32 for low-precision runs (as the
+    backend passes it); everything else is cast to `dtype`."""
+    off_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    args = [t.detach().to(device=device, dtype=off_dtype if i == 5 else dtype).clone().requires_grad_()
+            for i, t in enumerate(inputs)]
+    out = fn(*args, **kw)
+    out.backward(do.to(device=device, dtype=out.dtype))
+    return [out.detach().double().cpu()] + [a.grad.double().cpu() for a in args]
+
+
+def max_err(a, b):
+    return (a - b).abs().max().item()
+
+
+def rounded(inputs, do, dtype):
+    """The inputs as the low-precision methods see them, back in float64 (the offset stays fp32, as in `run`)."""
+    return [t.to(torch.float32 if i == 5 else dtype).double() for i, t in enumerate(inputs)], do.to(dtype).double()
+
+
+def check_against_reference(inputs, do, dtype, device, *, factor=2.0, exact_on_rounded=False, **kw):
+    """Kernel error <= factor x the same-precision torch error (plus a few fp32 ulps), both against float64 on the
+    original inputs, or with `exact_on_rounded` on the rounded ones. `kw` (segment_ids, scale) goes to both ops."""
+    ref_inputs = rounded(inputs, do, dtype) if exact_on_rounded else (inputs, do)
+    ref = run(dcp_attention_naive, *ref_inputs, torch.float64, device, **kw)
+    same = run(dcp_attention_naive, inputs, do, dtype, device, **kw)
+    got = run(dcp_attention_fused, inputs, do, dtype, device, **kw)
+    for name, r, s, g in zip(NAMES, ref, same, got):
+        assert torch.isfinite(g).all(), f"{name}: non-finite values"
+        e_k, e_t = max_err(g, r), max_err(s, r)
+        floor = 8 * torch.finfo(torch.float32).eps * (1.0 + r.abs().max().item())
+        assert e_k <= factor * e_t + floor, f"{name}: kernel err {e_k:.3e} > {factor}x torch err {e_t:.3e}"
+    return got, ref
+
+
+@pytest.fixture
+def groups(monkeypatch):
+    """Set the backward's head-group count (the heads one program loops over are H / groups)."""
+    def set_groups(n):
+        monkeypatch.setattr(fused_mod, "_head_groups", lambda B, H, nJ, device: n)
+    return set_groups
+
+
+# ------------------------------------------------------------------------------------------------
+# CPU (interpreter) and GPU alike: tiny shapes
+# ------------------------------------------------------------------------------------------------
+@triton.jit
+def _one_tile(S, V, O, BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr, SPLIT_P: tl.constexpr):
+    # one tile of the forward's online softmax: O = softmax(S in log2 units) · V, through _online_softmax
+    rm, rn, rd = tl.arange(0, BM), tl.arange(0, BN), tl.arange(0, D)
+    s = tl.load(S + rm[:, None] * BN + rn[None, :])
+    v = tl.load(V + rn[:, None] * D + rd[None, :])
+    m_i = tl.full([BM], -float("inf"), tl.float32)
+    l_i = tl.zeros([BM], tl.float32)
+    acc = tl.zeros([BM, D], tl.float32)
+    m_i, l_i, acc = _online_softmax(s, m_i, l_i, acc, v, "ieee", SPLIT_P)
+    tl.store(O + rm[:, None] * D + rd[None, :], acc / l_i[:, None])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16] if HAS_CUDA else [torch.float16])
+def test_split_p_gives_the_fp32_output_the_backwards_p(dtype):
+    """Δ = rowsum(dO·O) must use an O whose P matches the backward's fp32 P (fused.py, "Precision"): with SPLIT_P the
+    fp32 output of a tile is P·V to near fp32, without it P·V carries P's rounding to v's dtype (DCP d2's failure)."""
+    gen = torch.Generator().manual_seed(5)
+    s = (torch.randn(16, 16, generator=gen, dtype=torch.float64) * 3).float().to(DEV)
+    v = torch.randn(16, 16, generator=gen, dtype=torch.float64).to(dtype).to(DEV)
+    ref = torch.softmax(s.double() * math.log(2), dim=-1) @ v.double()
+    errors = []
+    for split in (False, True):
+        o = torch.empty(16, 16, dtype=torch.float32, device=DEV)
+        _one_tile[(1,)](s, v, o, BM=16, BN=16, D=16, SPLIT_P=split)
+        errors.append((o.double() - ref).abs().max().item())
+    plain, split = errors
+    rounding = torch.finfo(dtype).eps * ref.abs().max().item()
+    assert plain > rounding / 64  # P's rounding shows without the split
+    assert split < plain / 30 and split < 1e-5, errors
+
+
+@pytest.mark.parametrize("B,T,H,r", [(2, 1, 2, 16), (2, 5, 2, 32), (2, 16, 2, 16), (2, 37, 2, 16), (1, 70, 3, 64),
+                                     (1, 23, 1, 128)])
+def test_matches_reference(B, T, H, r):
+    inputs, do = make_inputs(B, T, H, 16, r, seed=T + r)
+    check_against_reference(inputs, do, torch.float32, DEV)
+
+
+@pytest.mark.parametrize("T", [37, 70])
+def test_documents_match_reference(T):
+    # several documents per row (mean length 9), starting mid-tile and at a tile start
+    B, H = 2, 2 if T == 37 else 3
+    inputs, do = make_inputs(B, T, H, 16, seed=100 + T)
+    seg = documents(B, T, seed=T)
+    seg[1, 32:] += 1  # a document that starts exactly at a tile boundary (tiles of 16)
+    assert (seg[:, 1:] != seg[:, :-1]).sum(1).min() >= 3
+    check_against_reference(inputs, do, torch.float32, DEV, segment_ids=seg)
+
+
+def test_documents_with_any_ids_match_reference(monkeypatch):
+    # ids that repeat after other documents (not contiguous runs): a same-document pair's bias sums every query
+    # between them, whatever their documents, as dcp_bias does. Scratch buffers start as NaN.
+    monkeypatch.setattr(fused_mod, "TEST_HOOK_POISON_OUTPUTS", True)
+    B, T, H = 2, 61, 2
+    inputs, do = make_inputs(B, T, H, 16, seed=7)
+    rows = [[(5, 10), (6, 6), (0, 16), (5, 7), (3, 9), (1, 13)], [(0, 16), (1, 32), (0, 13)]]
+    seg = torch.stack([torch.cat([torch.full((n,), i) for i, n in row]) for row in rows]).to(DEV)
+    check_against_reference(inputs, do, torch.float32, DEV, segment_ids=seg)
+
+
+@pytest.mark.parametrize("n_groups", [1, 2, 4])
+def test_head_groups_match_reference(groups, n_groups):
+    # the backward kernels loop over H / n_groups heads per program; dqi, dki and the offset are summed over groups
+    groups(n_groups)
+    inputs, do = make_inputs(1, 45, 4, 16, seed=11)
+    check_against_reference(inputs, do, torch.float32, DEV, segment_ids=documents(1, 45, seed=3, mean_length=12))
+
+
+@pytest.mark.parametrize("fwd,bwd", [((32, 16), (16, 32, 32)), ((16, 32), (32, 16, 64))],
+                         ids=["fwd32x16-bwd16x32x32", "fwd16x32-bwd32x16x64"])
+@pytest.mark.parametrize("docs", [False, True], ids=["dense", "docs"])
+def test_mixed_tile_sizes_match_reference(monkeypatch, fwd, bwd, docs):
+    # query and key tiles of different sizes (the GPU's backward walks 32-query tiles under 64-key tiles and reads
+    # its tables at every other row); scratch buffers start as NaN
+    monkeypatch.setattr(fused_mod, "_tiles", lambda: {"fwd": fwd, "bwd": bwd})
+    monkeypatch.setattr(fused_mod, "TEST_HOOK_POISON_OUTPUTS", True)
+    B, T, H = 2, 70, 2
+    inputs, do = make_inputs(B, T, H, 16, seed=31)
+    seg = documents(B, T, seed=31, mean_length=11) if docs else None
+    check_against_reference(inputs, do, torch.float32, DEV, segment_ids=seg)
+
+
+def test_bad_tile_sizes_raise(monkeypatch):
+    (q, k, v, qi, ki, off), _ = make_inputs(1, 8, 2, 16)
+    args = [t.float().to(DEV) for t in (q, k, v, qi, ki, off)]
+    monkeypatch.setattr(fused_mod, "_tiles", lambda: {"fwd": (16, 16), "bwd": (32, 16, 16)})
+    with pytest.raises(ValueError, match="multiple of BT"):
+        dcp_attention_fused(*args)
+    monkeypatch.setattr(fused_mod, "_tiles", lambda: {"fwd": (24, 16), "bwd": (16, 16, 16)})
+    with pytest.raises(ValueError, match="powers of two"):
+        dcp_attention_fused(*args)
+
+
+def test_scan_prefix_matches_dot_prefix(monkeypatch):
+    # the in-tile prefix/suffix over queries as a scan instead of a triangular matmul (an A/B option): the same
+    # result up to rounding. Compared with the dot path, not the reference: in fp32 its offset gradient (a sum over
+    # all pairs with ~140x cancellation here) misses the 2x rule (12x PyTorch's error; the dot path: 5x, inside the
+    # rule's ulp floor)
+    inputs, do = make_inputs(2, 37, 2, 16, seed=12)
+    seg = documents(2, 37, seed=12)
+    want = run(dcp_attention_fused, inputs, do, torch.float32, DEV, segment_ids=seg)
+    monkeypatch.setattr(fused_mod, "_prefix_by_dot", lambda: False)
+    got = run(dcp_attention_fused, inputs, do, torch.float32, DEV, segment_ids=seg)
+    for name, w, g in zip(NAMES, want, got):
+        assert max_err(w, g) <= 1e-5 * (1 + w.abs().max().item()), name
+
+
+@pytest.mark.parametrize("exact_on_rounded", [False, True])
+def test_fp16_matches_reference(exact_on_rounded):
+    # Not bf16: Triton 3.9's interpreter computes a bf16 tl.dot wrongly, so bf16 is checked on the GPU only
+    inputs, do = make_inputs(1, 37, 2, 16, seed=9)
+    check_against_reference(inputs, do, torch.float16, DEV, exact_on_rounded=exact_on_rounded,
+                            segment_ids=documents(1, 37, seed=9))
+
+
+def test_fp32_interaction_with_fp16_qkv():
+    # the backend's mix: qi, ki (and the offset) in fp32, q, k, v in fp16; z runs in tf32 (the interpreter: fp32)
+    inputs, do = make_inputs(1, 29, 2, 16, seed=19)
+    ref = run(dcp_attention_naive, inputs, do, torch.float64, DEV)
+
+    def mixed(fn):
+        def call(q, k, v, qi, ki, off):
+            return fn(q.half(), k.half(), v.half(), qi, ki, off)
+        return call
+
+    same = run(mixed(dcp_attention_naive), inputs, do, torch.float32, DEV)
+    got = run(mixed(dcp_attention_fused), inputs, do, torch.float32, DEV)
+    for name, r, s, g in zip(NAMES, ref, same, got):
+        floor = 8 * torch.finfo(torch.float32).eps * (1.0 + r.abs().max().item())
+        assert max_err(g, r) <= 2 * max_err(s, r) + floor, name
+
+
+def test_custom_scale():
+    inputs, do = make_inputs(2, 29, 2, 16, seed=13)
+    check_against_reference(inputs, do, torch.float32, DEV, scale=0.7)
+
+
+def test_clamps_active_match_reference():
+    # z spread wide: keep clamps to 0 (log floor, gradient 0) and to 1 (log 0, gradient 0) for many pairs. The
+    # boundaries themselves (x = 0 or 1 exactly) have measure zero and are not hit by random inputs.
+    inputs, do = make_inputs(2, 37, 2, 16, seed=17, i_scale=1.5, offset=0.3)
+    qi, ki, off = inputs[3:]
+    x = ((qi @ ki.transpose(1, 2)) / 4 + off + 1) / 2
+    below = torch.ones(37, 37, dtype=torch.bool).tril(-1)  # the pairs that enter the bias
+    assert (x[:, below] <= 0).float().mean() > 0.1 and (x[:, below] >= 1).float().mean() > 0.1
+    assert not ((x == 0) | (x == 1)).any()
+    check_against_reference(inputs, do, torch.float32, DEV, segment_ids=documents(2, 37, seed=17, mean_length=15))
+
+
+def test_gradient_through_bias_is_checked():
+    # The bias's gradient into qi, ki and the offset, and its share of dq, dk, dv, are far above the tolerance of
+    # the checks above: a kernel that dropped them would fail. Reference without the bias path: the bias from
+    # detached qi, ki, offset.
+    inputs, do = make_inputs(2, 37, 2, 16, seed=14)
+    got, ref = check_against_reference(inputs, do, torch.float32, DEV)
+    for i in (4, 5, 6):  # dqi, dki, doffset
+        assert ref[i].abs().max() > 1e3 * max_err(got[i], ref[i]), NAMES[i]
+
+    def no_bias(q, k, v, qi, ki, off):
+        return dense_attention(q, k, v, None) + 0 * (qi.sum() + ki.sum() + off)
+
+    plain = run(no_bias, inputs, do, torch.float64, DEV)
+    for i in (0, 1, 2, 3):
+        assert max_err(plain[i], ref[i]) > 1e3 * max_err(got[i], ref[i]), NAMES[i]
+
+
+def test_every_element_written_and_rerun_deterministic(monkeypatch, groups):
+    # every output and scratch buffer starts as NaN: an unwritten element, or a read of one, shows up as NaN
+    monkeypatch.setattr(fused_mod, "TEST_HOOK_POISON_OUTPUTS", True)
+    groups(2)
+    inputs, do = make_inputs(2, 35, 2, 16, seed=15)
+    seg = documents(2, 35, seed=15, mean_length=7)
+    a = run(dcp_attention_fused, inputs, do, torch.float32, DEV, segment_ids=seg)
+    b = run(dcp_attention_fused, inputs, do, torch.float32, DEV, segment_ids=seg)
+    for name, x, y in zip(NAMES, a, b):
+        assert torch.isfinite(x).all(), name
+        assert torch.equal(x, y), name
+
+
+def test_strided_inputs_match_contiguous():
+    # q, k, v as views of one packed (B, T, 3, H, D) projection, qi, ki as halves of one (B, T, 2r) projection (the
+    # backend's chunk): other strides, the same result
+    inputs, do = make_inputs(1, 21, 2, 16, seed=16)
+    want = run(dcp_attention_fused, inputs, do, torch.float32, DEV)
+
+    def packed(q, k, v, qi, ki, off):
+        qkv = torch.stack([q, k, v], dim=2)  # (B, T, 3, H, D)
+        qi, ki = torch.cat([qi, ki], dim=-1).chunk(2, dim=-1)  # (B, T, r) views with row stride 2r
+        assert not qkv[:, :, 0].is_contiguous() and not qi.is_contiguous()
+        return dcp_attention_fused(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], qi, ki, off)
+
+    got = run(packed, inputs, do, torch.float32, DEV)
+    for name, w, g in zip(NAMES, want, got):
+        assert torch.equal(w, g), name
+
+
+def test_matches_sdpa_path_bias():
+    # the SDPA path's bias (dcp_bias) is the one the kernel reproduces: with the bias fed to dense attention
+    inputs, do = make_inputs(1, 19, 2, 16, seed=18)
+    q, k, v, qi, ki, off = inputs
+    want = dense_attention(q, k, v, dcp_bias(qi, ki, off))
+    got = dcp_attention_fused(*(t.float().to(DEV) for t in inputs)).double().cpu()
+    assert max_err(got, want) < 1e-5
+
+
+def test_backend_fused_path_runs_the_kernel():
+    # DcpBackend.fused calls the kernel (the interpreter here): output and the interaction map's and offset's
+    # gradients equal the materialised bias's, in float32; its fused path refuses an interaction width the kernel
+    # is not built for
+    from fpa_lightning import AttentionConfig, Decoder, ModelConfig
+
+    cfg = AttentionConfig(backend="dcp", dcp_dim=16)
+    model = Decoder(ModelConfig(vocab_size=50, n_layer=1, d_model=32, n_head=2, d_mlp=40, attention=cfg)).to(DEV)
+    backend = model.blocks[0].attn.backend
+    gen = torch.Generator().manual_seed(5)
+    x, q, k, v = (torch.randn(shape, generator=gen).to(DEV) for shape in [(1, 21, 32)] + [(1, 21, 2, 16)] * 3)
+    results = []
+    for path in ("fused", "naive"):
+        backend.zero_grad()
+        ingredients = backend.ingredients(x, q, k)
+        out = (backend.fused(q, k, v, ingredients) if path == "fused"
+               else dense_attention(q, k, v, backend.dense_bias(ingredients), scale=backend.scale))
+        (out * torch.linspace(-1, 1, out.numel(), device=DEV).view_as(out)).sum().backward()
+        results.append([out.detach()] + [p.grad.clone() for p in backend.parameters()])
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    odd = Decoder(ModelConfig(vocab_size=50, n_layer=1, d_model=32, n_head=2, d_mlp=40,
+                              attention=AttentionConfig(backend="dcp", dcp_dim=6, impl="fused")))
+    assert "dcp_dim" in odd.blocks[0].attn.backend.fused_unsupported_reason()
+
+
+def test_value_errors():
+    (q, k, v, qi, ki, off), _ = make_inputs(1, 8, 2, 16)
+    q, k, v, qi, ki, off = (t.float().to(DEV) for t in (q, k, v, qi, ki, off))
+    with pytest.raises(ValueError, match="head dim"):
+        dcp_attention_fused(q[..., :12], k[..., :12], v[..., :12], qi, ki, off)
+    with pytest.raises(ValueError, match="dtype"):
+        dcp_attention_fused(q.double(), k.double(), v.double(), qi, ki, off)
+    with pytest.raises(ValueError, match="share one dtype"):
+        dcp_attention_fused(q, k.half(), v, qi, ki, off)
+    with pytest.raises(ValueError, match="one shape"):
+        dcp_attention_fused(q, k[:, :4], v, qi, ki, off)
+    with pytest.raises(ValueError, match="interaction width"):
+        dcp_attention_fused(q, k, v, qi[..., :8], ki[..., :8], off)
+    with pytest.raises(ValueError, match=r"\(B, T, r\)"):
+        dcp_attention_fused(q, k, v, qi[:, :4], ki[:, :4], off)
+    with pytest.raises(ValueError, match="share one shape"):
+        dcp_attention_fused(q, k, v, qi, torch.cat([ki, ki], -1), off)
+    with pytest.raises(ValueError, match="qi, ki must share one dtype"):
+        dcp_attention_fused(q, k, v, qi.double(), ki.double(), off)
+    with pytest.raises(ValueError, match="qi, ki must share one dtype"):
+        dcp_attention_fused(q, k, v, qi, ki.half(), off)
+    with pytest.raises(ValueError, match="offset"):
+        dcp_attention_fused(q, k, v, qi, ki, off.expand(2))
+    with pytest.raises(ValueError, match="offset"):
+        dcp_attention_fused(q, k, v, qi, ki, off.double())
+    with pytest.raises(ValueError, match="offset must be a torch.Tensor"):
+        dcp_attention_fused(q, k, v, qi, ki, 0.5)
+    with pytest.raises(ValueError, match="scale"):
+        dcp_attention_fused(q, k, v, qi, ki, off, scale=float("nan"))
+    with pytest.raises(ValueError, match="segment_ids"):
+        dcp_attention_fused(q, k, v, qi, ki, off, segment_ids=torch.zeros(1, 7, dtype=torch.long, device=DEV))
+    with pytest.raises(ValueError, match="integer"):
+        dcp_attention_fused(q, k, v, qi, ki, off, segment_ids=torch.zeros(1, 8, device=DEV))
+
+
+def test_non_cuda_tensors_rejected_outside_interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    inputs, _ = make_inputs(1, 8, 2, 16)
+    with pytest.raises(ValueError, match="CUDA"):
+        dcp_attention_fused(*(t.float() for t in inputs))
+
+
+# ------------------------------------------------------------------------------------------------
+# GPU: real sizes, bf16, judged against float64 on the bf16-rounded inputs as well as on the originals.
+# ------------------------------------------------------------------------------------------------
+GPU_SHAPES = [  # (B, T, H, D, r)
+    (1, 1, 2, 64, 32), (2, 17, 3, 64, 32), (2, 2048, 4, 64, 32), (2, 2048, 4, 64, 64), (1, 2049, 2, 64, 16),
+    (2, 63, 2, 16, 128), (1, 130, 3, 32, 32), (1, 1000, 2, 128, 64), (1, 777, 12, 64, 32),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", GPU_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("docs", [False, True], ids=["dense", "docs"])
+def test_gpu_bf16_shapes(shape, docs):
+    B, T, H, D, r = shape
+    inputs, do = make_inputs(B, T, H, D, r, seed=T + H)
+    seg = documents(B, T, seed=T, mean_length=max(9, T // 8), device="cuda") if docs else None
+    check_against_reference(inputs, do, torch.bfloat16, "cuda", segment_ids=seg)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("r", [32, 64])
+@pytest.mark.parametrize("docs", [False, True], ids=["dense", "docs"])
+def test_gpu_bf16_2048_exact_on_rounded(r, docs):
+    inputs, do = make_inputs(2, 2048, 4, 64, r, seed=21)
+    seg = documents(2, 2048, seed=21, mean_length=300, device="cuda") if docs else None
+    check_against_reference(inputs, do, torch.bfloat16, "cuda", exact_on_rounded=True, segment_ids=seg)
+
+
+@pytest.mark.gpu
+def test_gpu_bf16_4096_exact_on_rounded():
+    inputs, do = make_inputs(1, 4096, 4, 64, 32, seed=26)
+    check_against_reference(inputs, do, torch.bfloat16, "cuda", exact_on_rounded=True)
+
+
+@pytest.mark.gpu
+def test_gpu_bf16_clamps_active():
+    inputs, do = make_inputs(2, 1000, 4, 64, 32, seed=27, i_scale=1.5, offset=0.3)
+    check_against_reference(inputs, do, torch.bfloat16, "cuda", exact_on_rounded=True)
+
+
+@pytest.mark.gpu
+def test_gpu_fp16_and_fp32():
+    inputs, do = make_inputs(2, 600, 2, 64, 32, seed=22)
+    check_against_reference(inputs, do, torch.float16, "cuda", exact_on_rounded=True)
+    check_against_reference(inputs, do, torch.float32, "cuda", segment_ids=documents(2, 600, seed=22, device="cuda"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n_groups", [1, 3, 12])
+def test_gpu_head_groups(groups, n_groups):
+    groups(n_groups)
+    inputs, do = make_inputs(1, 1000, 12, 64, 32, seed=23)
+    check_against_reference(inputs, do, torch.bfloat16, "cuda", exact_on_rounded=True)
+
+
+@pytest.mark.gpu
+def test_gpu_every_element_written_and_deterministic(monkeypatch):
+    monkeypatch.setattr(fused_mod, "TEST_HOOK_POISON_OUTPUTS", True)
+    inputs, do = make_inputs(2, 1001, 4, 64, 32, seed=24)
+    seg = documents(2, 1001, seed=24, mean_length=200, device="cuda")
+    a = run(dcp_attention_fused, inputs, do, torch.bfloat16, "cuda", segment_ids=seg)
+    b = run(dcp_attention_fused, inputs, do, torch.bfloat16, "cuda", segment_ids=seg)
+    for name, x, y in zip(NAMES, a, b):
+        assert torch.isfinite(x).all(), name
+        assert torch.equal(x, y), name

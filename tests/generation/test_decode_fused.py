@@ -17,6 +17,7 @@ CASES = [  # (attention, rule): no bias, per-head bias, layer-shared bias, and e
     ({"backend": "fpa"}, None),
     ({"backend": "fox"}, None),
     ({"backend": "selective"}, None),
+    ({"backend": "dcp"}, None),
     ({"backend": "fpa"}, PruneRule(threshold=-1.0)),
     ({"backend": "sdpa"}, PruneRule(window=3)),
 ]
@@ -104,11 +105,12 @@ def float64_reference(decoder: Decoder, backend: str) -> Decoder:
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend, rule, dtype, compile", [
     ("sdpa", None, torch.bfloat16, False), ("fpa", None, torch.bfloat16, False),
-    ("selective", None, torch.bfloat16, False), ("fpa", None, torch.bfloat16, True),
+    ("selective", None, torch.bfloat16, False), ("dcp", None, torch.bfloat16, False),
+    ("fpa", None, torch.bfloat16, True),
     # eviction in float32: in bf16 a key whose bias lies within rounding of the threshold may be evicted by one
     # session and kept by the other, whichever attention op runs
     ("fpa", PruneRule(threshold=-2.0), torch.float32, False)],
-    ids=["sdpa", "fpa", "selective", "fpa-compiled", "fpa-evict-fp32"])
+    ids=["sdpa", "fpa", "selective", "dcp", "fpa-compiled", "fpa-evict-fp32"])
 def test_gpu_graph_decoding_with_the_fused_op(backend, rule, dtype, compile):
     decoder = gpu_model(backend)
     ids = torch.randint(0, VOCAB, (2, T), device="cuda", generator=torch.Generator("cuda").manual_seed(0))

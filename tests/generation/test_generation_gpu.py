@@ -38,7 +38,7 @@ def decoded(decoder: Decoder, ids: torch.Tensor, cuda_graph: bool, rule=None) ->
     return torch.stack(out, dim=1)
 
 
-@pytest.mark.parametrize("backend", ["fpa", "fox", "sdpa", "selective"])
+@pytest.mark.parametrize("backend", ["fpa", "fox", "sdpa", "selective", "dcp"])
 def test_gpu_bf16_decode_within_the_same_precision_bound(backend):
     decoder = model(backend)
     ids = torch.randint(0, 256, (2, T), device="cuda", generator=torch.Generator("cuda").manual_seed(0))

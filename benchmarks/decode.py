@@ -7,7 +7,8 @@ eviction at -10), FoX and softmax on the 110M shapes, all in one run, with ratio
 What is timed: ``DecodeSession.step`` (fpa_lightning.generation), one new token per row, after the prompt is
 prefilled by the parallel forward (fused kernels) and a few warm-up steps; CUDA events around ``--steps`` steps.
 Modes: eager (kernel by kernel), graph (the step captured once in a CUDA graph and replayed), compile (the step
-``torch.compile``d, then captured; batch 1 at ``--compile-lengths``: every cache shape compiles anew, ~1 min each).
+``torch.compile``d, then captured; batch 1 at ``--compile-lengths``: every cache shape compiles anew, ~1 min each;
+``--compile-mode`` picks torch.compile's mode, recorded as the row's "compile_mode").
 Weights are bf16 (gate maps float32, ``cast_weights``); the models are freshly initialised, so FPA and FoX start as
 ALiBi: with eviction at -10 head h keeps about 10/m_h keys (16 to 2560). ``--fpa-ckpt`` uses a trained FPA
 checkpoint's weights instead (its kept fraction is then the real one). ``--decode-attention`` picks the attention
@@ -49,6 +50,7 @@ import torch
 from fpa_lightning import Decoder, ModelConfig
 from fpa_lightning.evaluation.checkpoint import load_decoder
 from fpa_lightning.generation import DecodeSession, PruneRule, cast_weights
+from fpa_lightning.generation.session import COMPILE_MODES
 
 SHAPES_110M = dict(vocab_size=32000, n_layer=12, d_model=768, n_head=12, d_mlp=2048, max_seq_len=2048)
 SHAPES_TINY = dict(vocab_size=512, n_layer=2, d_model=64, n_head=2, d_mlp=128, max_seq_len=64)
@@ -90,13 +92,15 @@ def time_steps(session: DecodeSession, token: torch.Tensor, steps: int, warmup: 
 
 
 def measure(decoder: Decoder, threshold: float | None, batch: int, length: int, mode: str, steps: int,
-            warmup: int, profile_steps: int = 0, trace: str | None = None, attention_impl: str = "auto") -> dict:
+            warmup: int, profile_steps: int = 0, trace: str | None = None, attention_impl: str = "auto",
+            compile_mode: str = "default") -> dict:
     device = next(decoder.parameters()).device
     rule = None if threshold is None else PruneRule(threshold=threshold)
     total = steps + warmup + (1 + profile_steps if profile_steps else 0)  # the profiler's warm-up step included
     # no capacity check inside the timed steps: the check (one sync, maybe a resize and a new capture) is
     # amortised over check_every steps in real use
-    session = DecodeSession(decoder, rule=rule, cuda_graph=mode != "eager", compile=mode == "compile",
+    session = DecodeSession(decoder, rule=rule, cuda_graph=mode != "eager",
+                            compile=compile_mode if mode == "compile" else False,
                             check_every=total + 1, attention_impl=attention_impl)
     generator = torch.Generator().manual_seed(length)
     prompts = list(torch.randint(3, decoder.cfg.vocab_size, (batch, length), generator=generator))
@@ -111,7 +115,8 @@ def measure(decoder: Decoder, threshold: float | None, batch: int, length: int, 
         torch.cuda.empty_cache()
     result = {"ms_per_step": ms, "ms_per_token": ms / batch, "kept_fraction": stats["kept_fraction"],
               "cache_mib": stats["cache_bytes"] / 2**20, "state_share": stats["state_fraction_of_kv"],
-              "capacity": stats["capacity"], "decode_attention": impl}
+              "capacity": stats["capacity"], "decode_attention": impl,
+              **({"compile_mode": compile_mode} if mode == "compile" else {})}
     return result if profile is None else {**result, "profile": profile}
 
 
@@ -290,6 +295,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--modes", nargs="*", choices=("eager", "graph"), default=["eager", "graph"])
     p.add_argument("--compile-lengths", type=int, nargs="*", default=[],
                    help="also the compiled step at batch 1 for these lengths (each shape compiles, ~1 min)")
+    p.add_argument("--compile-mode", choices=COMPILE_MODES, default="default",
+                   help="torch.compile's mode for the compiled step (max-autotune-no-cudagraphs: Triton GEMM "
+                        "templates, autotuned, whose epilogues can fuse the small ops after them)")
     p.add_argument("--steps", type=int, default=64, help="timed steps per measurement")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--fpa-ckpt", help="a trained FPA checkpoint (110M shapes) for the fpa variants")
@@ -330,7 +338,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 args.profile and args.trace_dir) else None
             try:
                 result = measure(decoder, threshold, batch, length, mode, args.steps, args.warmup,
-                                 args.profile_steps if args.profile else 0, trace, args.decode_attention)
+                                 args.profile_steps if args.profile else 0, trace, args.decode_attention,
+                                 args.compile_mode)
             except Exception as err:  # one failed measurement (e.g. out of memory) is reported, the rest still run
                 result = {"error": f"{type(err).__name__}: {err}"[:300]}
             rows.append({"variant": name, "batch": batch, "length": length, "mode": mode, **result})

@@ -45,6 +45,19 @@ def cast_weights(decoder: Decoder, dtype: torch.dtype) -> Decoder:
     return decoder
 
 
+# torch.compile modes a session's step may take: the others ("reduce-overhead", "max-autotune") capture CUDA graphs
+# of their own, which would nest inside the session's capture
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
+
+
+def _compiled(step, compile: bool | str):
+    """`step` under torch.compile: True for the default mode, or a mode of ``COMPILE_MODES`` by name."""
+    mode = "default" if compile is True else compile
+    if mode not in COMPILE_MODES:
+        raise ValueError(f"compile must be a bool or one of {COMPILE_MODES}, got {compile!r}")
+    return torch.compile(step, dynamic=False, mode=mode)
+
+
 def _resolve_attention(impl: str, decoder: Decoder, device: torch.device) -> str:
     """The cached attention a session runs: "naive" or "fused" (see ``DecodeSession``'s attention_impl)."""
     if impl not in ATTENTION_IMPLS:
@@ -101,7 +114,9 @@ class DecodeSession:
     """Decoding ``decoder`` (eval mode, no grad) with a KV cache; see the module docstring.
 
     rule: eviction rule, or None. cuda_graph: capture the single-token step in a CUDA graph (default: on CUDA).
-    compile: ``torch.compile`` the step first (compiles again whenever the cache is resized). track_kept: count
+    compile: ``torch.compile`` the step first (compiles again whenever the cache is resized); True for the default
+    mode, or one of ``COMPILE_MODES`` by name (the modes that capture CUDA graphs themselves are refused: the session
+    captures its own). track_kept: count
     the kept fraction of every query (``stats()["kept_per_query"]``), for evaluation. max_length: refuse prompts
     and continuations longer than this many tokens (default: only memory bounds the length). check_every: steps
     between capacity checks under an eviction rule (each check synchronises with the device once).
@@ -114,7 +129,7 @@ class DecodeSession:
     """
 
     def __init__(self, decoder: Decoder, *, rule: PruneRule | None = None, cuda_graph: bool | None = None,
-                 compile: bool = False, track_kept: bool = False, max_length: int | None = None,
+                 compile: bool | str = False, track_kept: bool = False, max_length: int | None = None,
                  check_every: int = 64, attention_impl: str = "auto"):
         check_rule(decoder, rule)
         self.decoder, self.rule = decoder, rule
@@ -130,7 +145,7 @@ class DecodeSession:
             raise ValueError(f"check_every must be >= 1, got {check_every}")
         self.max_length, self.check_every = max_length, check_every
         self.counter = KeptCounter(len(decoder.blocks)) if track_kept else None
-        self.step_fn = torch.compile(self._step, dynamic=False) if compile else self._step
+        self.step_fn = _compiled(self._step, compile) if compile else self._step
         self.cache: KVCache | None = None
         self.host_next: list[int] = []  # per row, the position of the next token (a host copy: no sync)
         self.limit = 0  # RoPE tables cover positions < limit

@@ -163,3 +163,21 @@ def test_a_compiled_step_does_not_recompile_for_a_strided_token_slice():
         s.step(ids[:, 6])  # a column of a (2, 12) tensor: stride 12
         with torch._dynamo.config.patch(error_on_recompile=True):
             s.step(ids[:, 7].clone())
+
+
+def test_compile_takes_a_mode_and_refuses_the_ones_that_capture_graphs_themselves():
+    """compile="max-autotune-no-cudagraphs" (Inductor's GEMM templates, for the decode benchmark's A/B) decodes what
+    the eager step does; modes that capture CUDA graphs of their own would nest in the session's capture: refused."""
+    decoder = decoder_d16(backend="fpa").float()
+    ids = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(1))
+    torch._dynamo.reset()
+    logits = []
+    for compile in (False, "max-autotune-no-cudagraphs"):
+        s = DecodeSession(decoder, attention_impl="naive", check_every=8, compile=compile)
+        with torch.no_grad():
+            s.prefill([ids[0, :6], ids[1, :5]], max_new_tokens=3)
+            logits.append(torch.stack([s.step(ids[:, t]).clone() for t in (6, 7)]))
+    torch.testing.assert_close(logits[1], logits[0], atol=1e-5, rtol=0)
+    for mode in ("reduce-overhead", "max-autotune", "fast"):
+        with pytest.raises(ValueError, match="compile must be a bool or one of"):
+            DecodeSession(decoder, compile=mode)

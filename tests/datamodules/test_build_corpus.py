@@ -245,6 +245,13 @@ def test_wrong_artifact_hash_and_failed_fetch_are_errors(built, tmp_path, monkey
         bc.ensure_artifact(next(s for s in sources if s.name == "manual"), tmp_path / "empty")
 
 
+def test_an_unknown_apt_version_suggests_updating_the_package_lists():
+    stale = "E: Version '3.11.2-6+deb12u9' for 'python3.11-doc' was not found"
+    assert "apt-get update" in bc._apt_hint(["apt-get", "download", "python3.11-doc=3.11.2-6+deb12u9"], stale)
+    assert bc._apt_hint(["apt-get", "download", "x=1"], "E: Unable to locate package x") == ""
+    assert bc._apt_hint(["python", "-m", "pip", "download"], stale) == ""
+
+
 def test_verify_corpus_names_a_changed_or_missing_file(built, tmp_path):
     root, _ = built
     copy = tmp_path / "copy"

@@ -125,11 +125,17 @@ class Progress:
             self._draw(interactive, now)
 
     def close(self) -> None:
-        """The last state, always written (on a terminal it ends the redrawn line)."""
+        """The last state, always written (on a terminal it ends the redrawn line), and, when the plan had an
+        estimate, the time taken against it: how far the announced estimate was off shows in every log."""
         interactive = sys.stderr.isatty()
-        self._draw(interactive, time.perf_counter())
+        now = time.perf_counter()
+        self._draw(interactive, now)
         if interactive:
             sys.stderr.write("\n")
+        if self.total_cost and self.items == self.total_items:
+            elapsed = now - self.started
+            sys.stderr.write(f"{self.label}: took {format_seconds(elapsed)}, estimated "
+                             f"{format_seconds(self.total_cost)} ({elapsed / self.total_cost:.2f}x the estimate)\n")
         sys.stderr.flush()
 
     def line(self, now: float | None = None) -> str:

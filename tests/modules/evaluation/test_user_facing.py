@@ -2,12 +2,13 @@
 which attention implementation ran; a checkpoint's own tokenizer (no mistral-common needed) and a fused checkpoint
 on a CPU."""
 import json
+import re
 
 import pytest
 import torch
 
 from eval import main
-from modules.evaluation.progress import CostModel, Progress, Work
+from modules.evaluation.progress import CostModel, Progress, Work, format_seconds
 
 
 def run(tmp_path, name, *argv):
@@ -45,7 +46,14 @@ def test_progress_bar_lines_and_estimate(capsys):
     bar.advance(200, 0)
     bar.advance(100, 1)
     bar.close()
-    assert "3/3 prompts" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "3/3 prompts" in err
+    took = re.search(r"demo: took (\S+), estimated (\S+) \((\d+\.\d+)x the estimate\)", err)
+    assert took and took.group(2) == format_seconds(total), err
+    unfinished = Progress("cut", [Work(0, [100, 200])], costs, log_every=0.0)
+    unfinished.advance(100, 0)
+    unfinished.close()
+    assert "took" not in capsys.readouterr().err  # the ratio means something only for the whole plan
     fit = CostModel.fit(1000, 2.5, 2000, 6.5, constant=0.5)  # 0.5 + 1e-3·T + 1e-6·T²
     assert fit.linear == pytest.approx(1e-3) and fit.quadratic == pytest.approx(1e-6) and fit.constant == 0.5
     assert fit.seconds(4000) == pytest.approx(0.5 + 4 + 16)

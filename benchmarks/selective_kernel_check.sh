@@ -11,28 +11,9 @@
 #      in-tile prefix as a scan instead of a triangular matmul, a 128-row forward tile on 8 warps, and all heads in one
 #      program group or one head per group (the default picks the fewest groups giving 4 programs per SM).
 # SelectiveBackend runs this kernel; step 3 (not yet run on a GPU) is the A/B that would tune its launch choices.
+# The steps are benchmarks/fused_kernel_check.sh's, which dcp_kernel_check.sh runs as well.
 set -uo pipefail
-out=${1:-selective_results}
-shapes=${2:-8x2048,4x4096,2x8192,1x16384}
-mkdir -p "$out"
-export PYTHONUNBUFFERED=1 PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
-status=0
-limit=${TEST_LIMIT_S:-300}
-timeout "$limit" python3 -m pytest -q -m gpu -p no:cacheprovider tests/ops/test_selective_fused.py -k "bf16_shapes" \
-    > "$out/tests_shapes.log" 2>&1 &
-p1=$!
-timeout "$limit" python3 -m pytest -q -m gpu -p no:cacheprovider tests/ops/test_selective_fused.py -k "not bf16_shapes" \
-    > "$out/tests_rest.log" 2>&1 &
-p2=$!
-wait $p1 || status=1
-wait $p2 || status=1
-tail -n 3 "$out"/tests_*.log
-echo "tests took ${SECONDS} s (status $status)"
-python3 benchmarks/attention.py --shapes "$shapes" --methods selective,selective-fused 2>&1 | tee "$out/timing.log"
-for knobs in "SEL_BWD_BT=64" "SEL_PREFIX=scan" "SEL_FWD_BM=128 SEL_FWD_WARPS=8" "SEL_HEAD_GROUPS=1" \
-             "SEL_HEAD_GROUPS=12"; do
-    echo "== $knobs" | tee -a "$out/ab.log"
-    env $knobs python3 benchmarks/attention.py --shapes "$shapes" --methods selective-fused 2>&1 \
-        | grep -E '^\| [0-9]|FAILED' | tee -a "$out/ab.log"
-done
-exit $status
+source benchmarks/fused_kernel_check.sh
+fused_kernel_check "${1:-selective_results}" "${2:-8x2048,4x4096,2x8192,1x16384}" selective \
+    tests/ops/test_selective_fused.py \
+    "SEL_BWD_BT=64" "SEL_PREFIX=scan" "SEL_FWD_BM=128 SEL_FWD_WARPS=8" "SEL_HEAD_GROUPS=1" "SEL_HEAD_GROUPS=12"

@@ -5,6 +5,7 @@ import dataclasses
 import pytest
 import torch
 
+from _backend_checks import check_fused_path_matches_dense_bias
 from fpa_lightning import AttentionConfig, Decoder, ModelConfig
 from fpa_lightning.ops.blockwise import blockwise_attention
 from fpa_lightning.ops.fox import fox_bias, fox_bias_block
@@ -164,17 +165,4 @@ def test_fpa_fused_path_receives_its_variant(variant):
     with torch.no_grad():
         for p in backend.parameters():
             p.add_(0.1 * torch.randn(p.shape, generator=torch.Generator().manual_seed(2)).to(device))
-    # One batch row, two heads, 21 tokens (two blocks of 16 in the interpreter): what is checked is which variant
-    # reaches the kernel, which no batch size changes (tests/ops/test_fpa_fused.py checks the kernel's batch rows)
-    gen = torch.Generator().manual_seed(5)
-    x, q, k, v = (torch.randn(shape, generator=gen).to(device) for shape in [(1, 21, 32)] + [(1, 21, 2, 16)] * 3)
-    results = []
-    for path in ("fused", "naive"):
-        backend.zero_grad()
-        ingredients = backend.ingredients(x, q, k)
-        out = (backend.fused(q, k, v, ingredients) if path == "fused"
-               else dense_attention(q, k, v, backend.dense_bias(ingredients), scale=backend.scale))
-        (out * torch.linspace(-1, 1, out.numel(), device=device).view_as(out)).sum().backward()
-        results.append([out.detach()] + [p.grad.clone() for p in backend.parameters()])
-    for got, want in zip(*results):
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    check_fused_path_matches_dense_bias(backend, device)

@@ -15,14 +15,15 @@ import torch
 import triton
 import triton.language as tl
 
+from _backend_checks import check_fused_path_matches_dense_bias
+from _carry_table_tests import *  # noqa: F401,F403 (the tests Selective and DCP share, run here on DCP)
+from _ops_helpers import DEV, HAS_CUDA, FusedOp, check_against_reference, check_common_value_errors
+from _ops_helpers import check_written_and_deterministic, documents, max_err, run, set_head_groups
+from _ops_helpers import test_non_cuda_tensors_rejected_outside_interpreter  # noqa: F401 (run here, on DCP)
 from fpa_lightning.ops.dcp import dcp_attention_fused, dcp_attention_naive, dcp_bias
 from fpa_lightning.ops.dcp import fused as fused_mod
 from fpa_lightning.ops.common import dense_attention
 from fpa_lightning.ops.selective.kernels import _online_softmax
-
-HAS_CUDA = torch.cuda.is_available()
-DEV = "cuda" if HAS_CUDA else "cpu"
-NAMES = ("out", "dq", "dk", "dv", "dqi", "dki", "doffset")
 
 
 def make_inputs(B, T, H, D, r=16, *, seed=0, i_scale=0.5, offset=0.6):
@@ -34,55 +35,16 @@ def make_inputs(B, T, H, D, r=16, *, seed=0, i_scale=0.5, offset=0.6):
     return (q, k, v, qi, ki, torch.tensor(offset, dtype=torch.float64)), do
 
 
-def documents(B, T, *, seed=0, mean_length=9, device=DEV):
-    """(B, T) int64 ids of packed documents: contiguous runs of random length (mid-tile starts)."""
-    gen = torch.Generator().manual_seed(seed)
-    starts = torch.rand(B, T, generator=gen) < 1.0 / mean_length
-    starts[:, 0] = False
-    return starts.long().cumsum(1).to(device)
-
-
-def run(fn, inputs, do, dtype, device, **kw):
-    """Output and the six gradients, as float64 CPU tensors. The offset stays fp32 for low-precision runs (as the
-    backend passes it); everything else is cast to `dtype`."""
-    off_dtype = torch.float64 if dtype == torch.float64 else torch.float32
-    args = [t.detach().to(device=device, dtype=off_dtype if i == 5 else dtype).clone().requires_grad_()
-            for i, t in enumerate(inputs)]
-    out = fn(*args, **kw)
-    out.backward(do.to(device=device, dtype=out.dtype))
-    return [out.detach().double().cpu()] + [a.grad.double().cpu() for a in args]
-
-
-def max_err(a, b):
-    return (a - b).abs().max().item()
-
-
-def rounded(inputs, do, dtype):
-    """The inputs as the low-precision methods see them, back in float64 (the offset stays fp32, as in `run`)."""
-    return [t.to(torch.float32 if i == 5 else dtype).double() for i, t in enumerate(inputs)], do.to(dtype).double()
-
-
-def check_against_reference(inputs, do, dtype, device, *, factor=2.0, exact_on_rounded=False, **kw):
-    """Kernel error <= factor x the same-precision torch error (plus a few fp32 ulps), both against float64 on the
-    original inputs, or with `exact_on_rounded` on the rounded ones. `kw` (segment_ids, scale) goes to both ops."""
-    ref_inputs = rounded(inputs, do, dtype) if exact_on_rounded else (inputs, do)
-    ref = run(dcp_attention_naive, *ref_inputs, torch.float64, device, **kw)
-    same = run(dcp_attention_naive, inputs, do, dtype, device, **kw)
-    got = run(dcp_attention_fused, inputs, do, dtype, device, **kw)
-    for name, r, s, g in zip(NAMES, ref, same, got):
-        assert torch.isfinite(g).all(), f"{name}: non-finite values"
-        e_k, e_t = max_err(g, r), max_err(s, r)
-        floor = 8 * torch.finfo(torch.float32).eps * (1.0 + r.abs().max().item())
-        assert e_k <= factor * e_t + floor, f"{name}: kernel err {e_k:.3e} > {factor}x torch err {e_t:.3e}"
-    return got, ref
+# the offset stays fp32 in low-precision runs (as the backend passes it); everything else is cast
+DCP = FusedOp(dcp_attention_fused, dcp_attention_naive, fused_mod, make_inputs,
+              names=("out", "dq", "dk", "dv", "dqi", "dki", "doffset"), fp32_args=(5,))
+NAMES = DCP.names
 
 
 @pytest.fixture
-def groups(monkeypatch):
-    """Set the backward's head-group count (the heads one program loops over are H / groups)."""
-    def set_groups(n):
-        monkeypatch.setattr(fused_mod, "_head_groups", lambda B, H, nJ, device: n)
-    return set_groups
+def op():
+    """The op the shared tests (imported from _carry_table_tests and _ops_helpers) check."""
+    return DCP
 
 
 # ------------------------------------------------------------------------------------------------
@@ -124,84 +86,7 @@ def test_split_p_gives_the_fp32_output_the_backwards_p(dtype):
                                      (1, 23, 1, 128)])
 def test_matches_reference(B, T, H, r):
     inputs, do = make_inputs(B, T, H, 16, r, seed=T + r)
-    check_against_reference(inputs, do, torch.float32, DEV)
-
-
-@pytest.mark.parametrize("T", [37, 70])
-def test_documents_match_reference(T):
-    # several documents per row (mean length 9), starting mid-tile and at a tile start
-    B, H = 2, 2 if T == 37 else 3
-    inputs, do = make_inputs(B, T, H, 16, seed=100 + T)
-    seg = documents(B, T, seed=T)
-    seg[1, 32:] += 1  # a document that starts exactly at a tile boundary (tiles of 16)
-    assert (seg[:, 1:] != seg[:, :-1]).sum(1).min() >= 3
-    check_against_reference(inputs, do, torch.float32, DEV, segment_ids=seg)
-
-
-def test_documents_with_any_ids_match_reference(monkeypatch):
-    # ids that repeat after other documents (not contiguous runs): a same-document pair's bias sums every query
-    # between them, whatever their documents, as dcp_bias does. Scratch buffers start as NaN.
-    monkeypatch.setattr(fused_mod, "TEST_HOOK_POISON_OUTPUTS", True)
-    B, T, H = 2, 61, 2
-    inputs, do = make_inputs(B, T, H, 16, seed=7)
-    rows = [[(5, 10), (6, 6), (0, 16), (5, 7), (3, 9), (1, 13)], [(0, 16), (1, 32), (0, 13)]]
-    seg = torch.stack([torch.cat([torch.full((n,), i) for i, n in row]) for row in rows]).to(DEV)
-    check_against_reference(inputs, do, torch.float32, DEV, segment_ids=seg)
-
-
-@pytest.mark.parametrize("n_groups", [1, 2, 4])
-def test_head_groups_match_reference(groups, n_groups):
-    # the backward kernels loop over H / n_groups heads per program; dqi, dki and the offset are summed over groups
-    groups(n_groups)
-    inputs, do = make_inputs(1, 45, 4, 16, seed=11)
-    check_against_reference(inputs, do, torch.float32, DEV, segment_ids=documents(1, 45, seed=3, mean_length=12))
-
-
-@pytest.mark.parametrize("fwd,bwd", [((32, 16), (16, 32, 32)), ((16, 32), (32, 16, 64))],
-                         ids=["fwd32x16-bwd16x32x32", "fwd16x32-bwd32x16x64"])
-@pytest.mark.parametrize("docs", [False, True], ids=["dense", "docs"])
-def test_mixed_tile_sizes_match_reference(monkeypatch, fwd, bwd, docs):
-    # query and key tiles of different sizes (the GPU's backward walks 32-query tiles under 64-key tiles and reads
-    # its tables at every other row); scratch buffers start as NaN
-    monkeypatch.setattr(fused_mod, "_tiles", lambda: {"fwd": fwd, "bwd": bwd})
-    monkeypatch.setattr(fused_mod, "TEST_HOOK_POISON_OUTPUTS", True)
-    B, T, H = 2, 70, 2
-    inputs, do = make_inputs(B, T, H, 16, seed=31)
-    seg = documents(B, T, seed=31, mean_length=11) if docs else None
-    check_against_reference(inputs, do, torch.float32, DEV, segment_ids=seg)
-
-
-def test_bad_tile_sizes_raise(monkeypatch):
-    (q, k, v, qi, ki, off), _ = make_inputs(1, 8, 2, 16)
-    args = [t.float().to(DEV) for t in (q, k, v, qi, ki, off)]
-    monkeypatch.setattr(fused_mod, "_tiles", lambda: {"fwd": (16, 16), "bwd": (32, 16, 16)})
-    with pytest.raises(ValueError, match="multiple of BT"):
-        dcp_attention_fused(*args)
-    monkeypatch.setattr(fused_mod, "_tiles", lambda: {"fwd": (24, 16), "bwd": (16, 16, 16)})
-    with pytest.raises(ValueError, match="powers of two"):
-        dcp_attention_fused(*args)
-
-
-def test_scan_prefix_matches_dot_prefix(monkeypatch):
-    # the in-tile prefix/suffix over queries as a scan instead of a triangular matmul (an A/B option): the same
-    # result up to rounding. Compared with the dot path, not the reference: in fp32 its offset gradient (a sum over
-    # all pairs with ~140x cancellation here) misses the 2x rule (12x PyTorch's error; the dot path: 5x, inside the
-    # rule's ulp floor)
-    inputs, do = make_inputs(2, 37, 2, 16, seed=12)
-    seg = documents(2, 37, seed=12)
-    want = run(dcp_attention_fused, inputs, do, torch.float32, DEV, segment_ids=seg)
-    monkeypatch.setattr(fused_mod, "_prefix_by_dot", lambda: False)
-    got = run(dcp_attention_fused, inputs, do, torch.float32, DEV, segment_ids=seg)
-    for name, w, g in zip(NAMES, want, got):
-        assert max_err(w, g) <= 1e-5 * (1 + w.abs().max().item()), name
-
-
-@pytest.mark.parametrize("exact_on_rounded", [False, True])
-def test_fp16_matches_reference(exact_on_rounded):
-    # Not bf16: Triton 3.9's interpreter computes a bf16 tl.dot wrongly, so bf16 is checked on the GPU only
-    inputs, do = make_inputs(1, 37, 2, 16, seed=9)
-    check_against_reference(inputs, do, torch.float16, DEV, exact_on_rounded=exact_on_rounded,
-                            segment_ids=documents(1, 37, seed=9))
+    check_against_reference(DCP, inputs, do, torch.float32, DEV)
 
 
 def test_fp32_interaction_with_fp16_qkv():
@@ -221,11 +106,6 @@ def test_fp32_interaction_with_fp16_qkv():
         assert max_err(g, r) <= 2 * max_err(s, r) + floor, name
 
 
-def test_custom_scale():
-    inputs, do = make_inputs(2, 29, 2, 16, seed=13)
-    check_against_reference(inputs, do, torch.float32, DEV, scale=0.7)
-
-
 def test_clamps_active_match_reference():
     # z spread wide: keep clamps to 0 (log floor, gradient 0) and to 1 (log 0, gradient 0) for many pairs. The
     # boundaries themselves (x = 0 or 1 exactly) have measure zero and are not hit by random inputs.
@@ -235,7 +115,8 @@ def test_clamps_active_match_reference():
     below = torch.ones(37, 37, dtype=torch.bool).tril(-1)  # the pairs that enter the bias
     assert (x[:, below] <= 0).float().mean() > 0.1 and (x[:, below] >= 1).float().mean() > 0.1
     assert not ((x == 0) | (x == 1)).any()
-    check_against_reference(inputs, do, torch.float32, DEV, segment_ids=documents(2, 37, seed=17, mean_length=15))
+    seg = documents(2, 37, seed=17, mean_length=15)
+    check_against_reference(DCP, inputs, do, torch.float32, DEV, segment_ids=seg)
 
 
 def test_gradient_through_bias_is_checked():
@@ -243,7 +124,7 @@ def test_gradient_through_bias_is_checked():
     # the checks above: a kernel that dropped them would fail. Reference without the bias path: the bias from
     # detached qi, ki, offset.
     inputs, do = make_inputs(2, 37, 2, 16, seed=14)
-    got, ref = check_against_reference(inputs, do, torch.float32, DEV)
+    got, ref = check_against_reference(DCP, inputs, do, torch.float32, DEV)
     for i in (4, 5, 6):  # dqi, dki, doffset
         assert ref[i].abs().max() > 1e3 * max_err(got[i], ref[i]), NAMES[i]
 
@@ -253,19 +134,6 @@ def test_gradient_through_bias_is_checked():
     plain = run(no_bias, inputs, do, torch.float64, DEV)
     for i in (0, 1, 2, 3):
         assert max_err(plain[i], ref[i]) > 1e3 * max_err(got[i], ref[i]), NAMES[i]
-
-
-def test_every_element_written_and_rerun_deterministic(monkeypatch, groups):
-    # every output and scratch buffer starts as NaN: an unwritten element, or a read of one, shows up as NaN
-    monkeypatch.setattr(fused_mod, "TEST_HOOK_POISON_OUTPUTS", True)
-    groups(2)
-    inputs, do = make_inputs(2, 35, 2, 16, seed=15)
-    seg = documents(2, 35, seed=15, mean_length=7)
-    a = run(dcp_attention_fused, inputs, do, torch.float32, DEV, segment_ids=seg)
-    b = run(dcp_attention_fused, inputs, do, torch.float32, DEV, segment_ids=seg)
-    for name, x, y in zip(NAMES, a, b):
-        assert torch.isfinite(x).all(), name
-        assert torch.equal(x, y), name
 
 
 def test_strided_inputs_match_contiguous():
@@ -302,35 +170,16 @@ def test_backend_fused_path_runs_the_kernel():
 
     cfg = AttentionConfig(backend="dcp", dcp_dim=16)
     model = Decoder(ModelConfig(vocab_size=50, n_layer=1, d_model=32, n_head=2, d_mlp=40, attention=cfg)).to(DEV)
-    backend = model.blocks[0].attn.backend
-    gen = torch.Generator().manual_seed(5)
-    x, q, k, v = (torch.randn(shape, generator=gen).to(DEV) for shape in [(1, 21, 32)] + [(1, 21, 2, 16)] * 3)
-    results = []
-    for path in ("fused", "naive"):
-        backend.zero_grad()
-        ingredients = backend.ingredients(x, q, k)
-        out = (backend.fused(q, k, v, ingredients) if path == "fused"
-               else dense_attention(q, k, v, backend.dense_bias(ingredients), scale=backend.scale))
-        (out * torch.linspace(-1, 1, out.numel(), device=DEV).view_as(out)).sum().backward()
-        results.append([out.detach()] + [p.grad.clone() for p in backend.parameters()])
-    for got, want in zip(*results):
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    check_fused_path_matches_dense_bias(model.blocks[0].attn.backend, DEV)
     odd = Decoder(ModelConfig(vocab_size=50, n_layer=1, d_model=32, n_head=2, d_mlp=40,
                               attention=AttentionConfig(backend="dcp", dcp_dim=6, impl="fused")))
     assert "dcp_dim" in odd.blocks[0].attn.backend.fused_unsupported_reason()
 
 
 def test_value_errors():
+    check_common_value_errors(DCP)
     (q, k, v, qi, ki, off), _ = make_inputs(1, 8, 2, 16)
     q, k, v, qi, ki, off = (t.float().to(DEV) for t in (q, k, v, qi, ki, off))
-    with pytest.raises(ValueError, match="head dim"):
-        dcp_attention_fused(q[..., :12], k[..., :12], v[..., :12], qi, ki, off)
-    with pytest.raises(ValueError, match="dtype"):
-        dcp_attention_fused(q.double(), k.double(), v.double(), qi, ki, off)
-    with pytest.raises(ValueError, match="share one dtype"):
-        dcp_attention_fused(q, k.half(), v, qi, ki, off)
-    with pytest.raises(ValueError, match="one shape"):
-        dcp_attention_fused(q, k[:, :4], v, qi, ki, off)
     with pytest.raises(ValueError, match="interaction width"):
         dcp_attention_fused(q, k, v, qi[..., :8], ki[..., :8], off)
     with pytest.raises(ValueError, match=r"\(B, T, r\)"):
@@ -347,19 +196,6 @@ def test_value_errors():
         dcp_attention_fused(q, k, v, qi, ki, off.double())
     with pytest.raises(ValueError, match="offset must be a torch.Tensor"):
         dcp_attention_fused(q, k, v, qi, ki, 0.5)
-    with pytest.raises(ValueError, match="scale"):
-        dcp_attention_fused(q, k, v, qi, ki, off, scale=float("nan"))
-    with pytest.raises(ValueError, match="segment_ids"):
-        dcp_attention_fused(q, k, v, qi, ki, off, segment_ids=torch.zeros(1, 7, dtype=torch.long, device=DEV))
-    with pytest.raises(ValueError, match="integer"):
-        dcp_attention_fused(q, k, v, qi, ki, off, segment_ids=torch.zeros(1, 8, device=DEV))
-
-
-def test_non_cuda_tensors_rejected_outside_interpreter(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
-    inputs, _ = make_inputs(1, 8, 2, 16)
-    with pytest.raises(ValueError, match="CUDA"):
-        dcp_attention_fused(*(t.float() for t in inputs))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -378,7 +214,7 @@ def test_gpu_bf16_shapes(shape, docs):
     B, T, H, D, r = shape
     inputs, do = make_inputs(B, T, H, D, r, seed=T + H)
     seg = documents(B, T, seed=T, mean_length=max(9, T // 8), device="cuda") if docs else None
-    check_against_reference(inputs, do, torch.bfloat16, "cuda", segment_ids=seg)
+    check_against_reference(DCP, inputs, do, torch.bfloat16, "cuda", segment_ids=seg)
 
 
 @pytest.mark.gpu
@@ -387,43 +223,39 @@ def test_gpu_bf16_shapes(shape, docs):
 def test_gpu_bf16_2048_exact_on_rounded(r, docs):
     inputs, do = make_inputs(2, 2048, 4, 64, r, seed=21)
     seg = documents(2, 2048, seed=21, mean_length=300, device="cuda") if docs else None
-    check_against_reference(inputs, do, torch.bfloat16, "cuda", exact_on_rounded=True, segment_ids=seg)
+    check_against_reference(DCP, inputs, do, torch.bfloat16, "cuda", exact_on_rounded=True, segment_ids=seg)
 
 
 @pytest.mark.gpu
 def test_gpu_bf16_4096_exact_on_rounded():
     inputs, do = make_inputs(1, 4096, 4, 64, 32, seed=26)
-    check_against_reference(inputs, do, torch.bfloat16, "cuda", exact_on_rounded=True)
+    check_against_reference(DCP, inputs, do, torch.bfloat16, "cuda", exact_on_rounded=True)
 
 
 @pytest.mark.gpu
 def test_gpu_bf16_clamps_active():
     inputs, do = make_inputs(2, 1000, 4, 64, 32, seed=27, i_scale=1.5, offset=0.3)
-    check_against_reference(inputs, do, torch.bfloat16, "cuda", exact_on_rounded=True)
+    check_against_reference(DCP, inputs, do, torch.bfloat16, "cuda", exact_on_rounded=True)
 
 
 @pytest.mark.gpu
 def test_gpu_fp16_and_fp32():
     inputs, do = make_inputs(2, 600, 2, 64, 32, seed=22)
-    check_against_reference(inputs, do, torch.float16, "cuda", exact_on_rounded=True)
-    check_against_reference(inputs, do, torch.float32, "cuda", segment_ids=documents(2, 600, seed=22, device="cuda"))
+    check_against_reference(DCP, inputs, do, torch.float16, "cuda", exact_on_rounded=True)
+    check_against_reference(DCP, inputs, do, torch.float32, "cuda", segment_ids=documents(2, 600, seed=22,
+                                                                                         device="cuda"))
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("n_groups", [1, 3, 12])
-def test_gpu_head_groups(groups, n_groups):
-    groups(n_groups)
+def test_gpu_head_groups(monkeypatch, n_groups):
+    set_head_groups(monkeypatch, DCP, n_groups)
     inputs, do = make_inputs(1, 1000, 12, 64, 32, seed=23)
-    check_against_reference(inputs, do, torch.bfloat16, "cuda", exact_on_rounded=True)
+    check_against_reference(DCP, inputs, do, torch.bfloat16, "cuda", exact_on_rounded=True)
 
 
 @pytest.mark.gpu
 def test_gpu_every_element_written_and_deterministic(monkeypatch):
-    monkeypatch.setattr(fused_mod, "TEST_HOOK_POISON_OUTPUTS", True)
     inputs, do = make_inputs(2, 1001, 4, 64, 32, seed=24)
     seg = documents(2, 1001, seed=24, mean_length=200, device="cuda")
-    a = run(dcp_attention_fused, inputs, do, torch.bfloat16, "cuda", segment_ids=seg)
-    b = run(dcp_attention_fused, inputs, do, torch.bfloat16, "cuda", segment_ids=seg)
-    for name, x, y in zip(NAMES, a, b):
-        assert torch.isfinite(x).all(), name
-        assert torch.equal(x, y), name
+    check_written_and_deterministic(monkeypatch, DCP, inputs, do, torch.bfloat16, "cuda", segment_ids=seg)

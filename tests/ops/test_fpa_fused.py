@@ -10,17 +10,19 @@ poison with determinism, skipping, and bf16 shapes on the GPU.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
 import torch
 
+import _ops_helpers
+from _ops_helpers import DEV, HAS_CUDA, FusedOp, check_common_value_errors, documents, max_err
+from _ops_helpers import test_non_cuda_tensors_rejected_outside_interpreter  # noqa: F401 (run here, on FPA)
 from fpa_lightning.ops.fpa import fused as fused_mod
 from fpa_lightning.ops.fpa.fused import fpa_attention
 from fpa_lightning.ops.fpa.naive import naive_fpa_attention
 
-HAS_CUDA = torch.cuda.is_available()
-DEV = "cuda" if HAS_CUDA else "cpu"
 NAMES = ("out", "dq", "dk", "dv", "dphi", "dpsi", "dbeta")
 
 
@@ -39,19 +41,15 @@ def make_inputs(B, T, H, D, *, drift=0.0, step=1.0, offset=0.5, seed=0, alive=Fa
     return (q, k, v, phi, psi, beta), do
 
 
-def run(fn, inputs, do, qkv_dtype, device, **kw):
-    """Output and the six gradients (as float64 CPU tensors)."""
-    args = []
-    for i, t in enumerate(inputs):
-        dt = qkv_dtype if i < 3 else (torch.float64 if qkv_dtype == torch.float64 else torch.float32)
-        args.append(t.detach().to(device=device, dtype=dt).clone().requires_grad_())
-    out = fn(*args, **kw)
-    out.backward(do.to(device=device, dtype=out.dtype))
-    return [out.detach().double().cpu()] + [a.grad.double().cpu() for a in args]
+# phi, psi and beta stay fp32 in low-precision runs, as the backend passes them
+FPA = FusedOp(fpa_attention, naive_fpa_attention, fused_mod, make_inputs, NAMES, fp32_args=(3, 4, 5))
+run = functools.partial(_ops_helpers.run, fp32_args=FPA.fp32_args)
 
 
-def max_err(a, b):
-    return (a - b).abs().max().item()
+@pytest.fixture
+def op():
+    """The op the shared test (imported from _ops_helpers) checks."""
+    return FPA
 
 
 def tile_paths(inputs):
@@ -85,41 +83,12 @@ def oscillating(inputs, amplitude, freq, noise, roll):
     return q, k, v, phi + osc, psi + osc.roll(roll, 1), beta
 
 
-def rounded(inputs, do, dtype):
-    """The inputs as the low-precision methods see them (q, k, v, do in `dtype`; phi, psi, beta in
-    fp32), back in float64: their exact result is the reference that leaves input rounding out."""
-    low = [t.to(dtype if i < 3 else torch.float32).double() for i, t in enumerate(inputs)]
-    return low, do.to(dtype).double()
-
-
 def check_against_reference(inputs, do, dtype, device, *, factor=2.0, names=NAMES, exact_on_rounded=False,
                             variant=None, **kw):
-    """Kernel error <= factor x the same-precision torch error (plus a few fp32 ulps), both measured
-    against float64: on the original inputs, or with `exact_on_rounded` on the rounded ones. `variant`
-    (reduction, level, segment_ids) goes to both ops, `kw` (skip_threshold) to the kernel only."""
-    variant = variant or {}
-    ref = run(naive_fpa_attention, *(rounded(inputs, do, dtype) if exact_on_rounded else (inputs, do)),
-              torch.float64, device, **variant)
-    same = run(naive_fpa_attention, inputs, do, dtype, device, **variant)
-    got = run(fpa_attention, inputs, do, dtype, device, **variant, **kw)
-    for name, r, s, g in zip(NAMES, ref, same, got):
-        if name not in names:
-            continue
-        assert torch.isfinite(g).all(), f"{name}: non-finite values"
-        e_k, e_t = max_err(g, r), max_err(s, r)
-        # floor: a few ulps of the tensor's scale in the working precision (fp32 accumulators)
-        floor = 8 * torch.finfo(torch.float32).eps * (1.0 + r.abs().max().item())
-        assert e_k <= factor * e_t + floor, f"{name}: kernel err {e_k:.3e} > {factor}x torch err {e_t:.3e}"
-    return got
-
-
-def documents(B, T, *, seed=0, device=DEV, mean_length=9):
-    """(B, T) int64 ids of packed documents: contiguous runs of random length (1 up to ~2x mean_length),
-    non-decreasing along a row, so documents start and end inside blocks and cross block boundaries."""
-    gen = torch.Generator().manual_seed(seed)
-    starts = torch.rand(B, T, generator=gen) < 1.0 / mean_length
-    starts[:, 0] = False
-    return starts.long().cumsum(1).to(device)
+    """The 2x rule (``_ops_helpers.check_against_reference``) for the tensors in `names`: `variant` (reduction,
+    level, segment_ids) goes to both ops, `kw` (skip_threshold) to the kernel only. Returns the kernel's results."""
+    return _ops_helpers.check_against_reference(FPA, inputs, do, dtype, device, factor=factor, names=names,
+                                                exact_on_rounded=exact_on_rounded, kernel_kw=kw, **(variant or {}))[0]
 
 
 # The variants besides the default (min, key level): docs/method.md
@@ -365,42 +334,21 @@ def test_walk_bounds_of_documents():
 
 
 def test_value_errors():
+    check_common_value_errors(FPA)
     inputs, _ = make_inputs(1, 8, 2, 16)
     q, k, v, phi, psi, beta = (t.float().to(DEV) for t in inputs)
-    with pytest.raises(ValueError, match="head dim"):
-        fpa_attention(q[..., :12], k[..., :12], v[..., :12], phi, psi, beta)
-    with pytest.raises(ValueError, match="dtype"):
-        fpa_attention(q.double(), k.double(), v.double(), phi, psi, beta)
-    with pytest.raises(ValueError, match="share one dtype"):
-        fpa_attention(q, k.half(), v, phi, psi, beta)
     with pytest.raises(ValueError, match="float32"):
         fpa_attention(q, k, v, phi.double(), psi, beta)
     with pytest.raises(ValueError, match="phi and psi"):
         fpa_attention(q, k, v, phi[:, :4], psi, beta)
     with pytest.raises(ValueError, match="beta"):
         fpa_attention(q, k, v, phi, psi, beta[:1])
-    with pytest.raises(ValueError, match="one shape"):
-        fpa_attention(q, k[:, :4], v, phi, psi, beta)
-    with pytest.raises(ValueError, match=r"\(B, T, H, D\)"):
-        fpa_attention(q[0], k[0], v[0], phi, psi, beta)
     with pytest.raises(ValueError, match="skip_threshold"):
         fpa_attention(q, k, v, phi, psi, beta, skip_threshold=1.0)
     with pytest.raises(ValueError, match="reduction"):
         fpa_attention(q, k, v, phi, psi, beta, reduction="max")
     with pytest.raises(ValueError, match="dipsum"):
         fpa_attention(q, k, v, phi, psi, beta, reduction="dipsum", level="query")
-    with pytest.raises(ValueError, match="segment_ids"):
-        fpa_attention(q, k, v, phi, psi, beta, segment_ids=torch.zeros(1, 7, dtype=torch.long, device=DEV))
-    with pytest.raises(ValueError, match="integer"):
-        fpa_attention(q, k, v, phi, psi, beta, segment_ids=torch.zeros(1, 8, device=DEV))
-
-
-def test_non_cuda_tensors_rejected_outside_interpreter(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
-    inputs, _ = make_inputs(1, 8, 2, 16)
-    q, k, v, phi, psi, beta = (t.float() for t in inputs)
-    with pytest.raises(ValueError, match="CUDA"):
-        fpa_attention(q, k, v, phi, psi, beta)
 
 
 # ------------------------------------------------------------------------------------------------

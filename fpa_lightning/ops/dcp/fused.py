@@ -73,9 +73,7 @@ def _launch_cfg(kernel: str, D: int) -> dict:
 
 
 def _empty(shape, *, dtype, device):
-    if TEST_HOOK_POISON_OUTPUTS:
-        return torch.full(shape, float("nan"), dtype=dtype, device=device)
-    return torch.empty(shape, dtype=dtype, device=device)
+    return _sel.empty_buffer(shape, dtype=dtype, device=device, poison=TEST_HOOK_POISON_OUTPUTS)
 
 
 def _carry_table(qi, ki, offset, T, Tp, BT, BN, QM, cx):
@@ -101,9 +99,8 @@ class _DcpFunction(torch.autograd.Function):
         B, T, H, D = q.shape
         tiles = _tiles()
         _sel.check_tile_sizes(tiles, OP)
-        (BM, BN), (BT_b, BN_b, BM_b) = tiles["fwd"], tiles["bwd"]
-        big = max(BM, BN, BT_b, BN_b, BM_b)
-        Tp = triton.cdiv(T, big) * big
+        BM, BN = tiles["fwd"]
+        Tp = _sel.padded_length(T, tiles)
         dev = q.device
         seg = segment_ids is not None
         prec = "ieee" if q.dtype == torch.float32 else "tf32"
@@ -143,21 +140,13 @@ class _DcpFunction(torch.autograd.Function):
         seg = ctx.ids is not None
         dummy = lse
         ids = ctx.ids if seg else dummy
-        if seg:
-            jlo_later = _sel._tile_bounds(ids, T, BM, BN)[0]  # then its suffix minimum: tile I or any later one
-            jlo_later = jlo_later.flip(-1).cummin(dim=-1).values.flip(-1).contiguous()
-            ihi = _sel._tile_bounds(ids, T, BT, BN)[1]
-        else:
-            jlo_later = ihi = dummy
+        jlo_later, ihi = _sel.backward_tile_bounds(ids, T, BT, BN, BM) if seg else (dummy, dummy)
         if do.stride(-1) != 1:
             do = do.contiguous()
         nT, nJ = Tp // BT, triton.cdiv(T, BN)
         G = _head_groups(B, H, nJ, dev)
-        delta = torch.zeros((B, H, Tp), dtype=torch.float32, device=dev)  # rowsum(dO * O), 0 on padded rows
-        delta[:, :, :T] = (do.float() * o32.float()).sum(-1).transpose(1, 2)
-        dq = _empty(q.shape, dtype=q.dtype, device=dev)
-        dk = _empty(k.shape, dtype=k.dtype, device=dev)
-        dv = _empty(v.shape, dtype=v.dtype, device=dev)
+        delta = _sel.output_grad_rowsum(do, o32, Tp)  # from the fp32 output (see above)
+        dq, dk, dv = (_empty(t.shape, dtype=t.dtype, device=dev) for t in (q, k, v))
         cf = _carry_table(qi, ki, off, T, Tp, BT, BN, BM, cx)
         rcp = _empty((B, G, nT, Tp), dtype=torch.float32, device=dev)
         dkip = _empty((B, G, Tp, R), dtype=torch.float32, device=dev)

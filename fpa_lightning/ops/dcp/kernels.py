@@ -36,15 +36,31 @@ import triton.language as tl
 from fpa_lightning.ops.selective.kernels import (
     LOG2E,
     _attend_mask,
+    _attend_mask_t,
+    _carry_mask,
     _flash_kv_step,
-    _online_softmax,
+    _flash_q_step,
+    _group_program,
+    _head_program,
+    _key_head,
+    _key_values,
+    _key_walk,
+    _masked_softmax_step,
     _prefix_cols,
     _prefix_rows,
+    _query_head,
+    _query_program,
+    _query_rows,
+    _query_walk,
     _rows,
+    _softmax_start,
+    _store_carry_in,
     _suffix_cols,
     _suffix_rows,
     _triangles,
+    _walk_tile,
 )
+
 
 @triton.jit
 def _keep_terms(a, b, live, rs, off, PREC: tl.constexpr):
@@ -69,6 +85,29 @@ def _bias(qi, ki, live, tri, cf_row, rs, off, PREC: tl.constexpr, BPREC: tl.cons
     # query-major bias tile: carry row + inclusive in-tile prefix of L; and g for the backward
     L, g = _keep_terms(qi, ki, live, rs, off, PREC)
     return _prefix_rows(L, tri, DOT, BPREC) + L + cf_row[None, :], g
+
+
+@triton.jit
+def _own_tile_r(X, BX: tl.constexpr, D: tl.constexpr, R: tl.constexpr, T):
+    # Selective's _own_tile with the interaction width's offsets: tile X's positions, the head dim's and r's offsets,
+    # and which positions are real (< T)
+    offs = X * BX + tl.arange(0, BX)
+    offs_d = tl.arange(0, D)
+    offs_r = tl.arange(0, R)
+    return offs, offs_d, offs_r, offs < T
+
+
+@triton.jit
+def _bias_key_tile(K, V, KI, CF, qi, b, h, I, offs_m, offs_n, col_ok, offs_d, offs_r, tri, s_kb, s_kt, s_kh, s_vb,
+                   s_vt, s_vh, s_jb, s_jt, T, nT, Tp, rs, off, RATIO: tl.constexpr, PREC: tl.constexpr,
+                   BPREC: tl.constexpr, DOT: tl.constexpr):
+    # a key tile of the query-major kernels (query tile I, its table row I·RATIO): head h's k and v, ki, and the bias
+    # on the tile with g (_bias)
+    k, v = _key_values(K, V, b, h, offs_n, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_d, col_ok)
+    ki = _rows(KI, b, 0, offs_n, s_jb, s_jt, 0, offs_r, col_ok)
+    bias, g = _bias(qi, ki, _live(offs_m, offs_n, T), tri, tl.load(CF + (b * nT + I * RATIO) * Tp + offs_n), rs, off,
+                    PREC, BPREC, DOT)
+    return k, v, ki, bias, g
 
 
 # ---------------------------------------------------------------------------------------------
@@ -111,44 +150,25 @@ def _dcp_fwd_kernel(
     # One query tile I (BM rows, the carry table's granularity) of one head per program, key tiles from the diagonal
     # down. STORE32: the fp32 output as well, for the backward's Δ (see fused.py: Δ from a rounded output would put
     # a coherent error into every row's dS, which the offset gradient sums without cancellation).
-    nI = tl.num_programs(0)
-    I = nI - 1 - tl.program_id(0)  # long rows first
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    sl2 = scale * LOG2E
-    offs_m = I * BM + tl.arange(0, BM)
-    offs_d = tl.arange(0, D)
-    offs_r = tl.arange(0, R)
-    row_ok = offs_m < T
+    nI, I = _query_program()
+    bh, b, h, sl2 = _head_program(H, scale)
+    offs_m, offs_d, offs_r, row_ok = _own_tile_r(I, BM, D, R, T)
     q = _rows(Q, b, h, offs_m, s_qb, s_qt, s_qh, offs_d, row_ok)  # (BM, D)
     qi = _rows(QI, b, 0, offs_m, s_ib, s_it, 0, offs_r, row_ok)  # (BM, r)
     off = tl.load(OFF)
     tri, tri_t = _triangles(BM)
-    seg_i = offs_m
-    j_lo = 0
-    if SEG:
-        seg_i = tl.load(SEGP + b * Tp + offs_m)
-        j_lo = tl.load(JLO + b * nI + I)  # key tiles below j_lo share no document with tile I
-    j_hi = tl.minimum((I * BM + BM - 1) // BN, nJ - 1)
-    m_i = tl.full([BM], -float("inf"), tl.float32)
-    l_i = tl.zeros([BM], tl.float32)
-    acc = tl.zeros([BM, D], tl.float32)
+    seg_i, j_lo, j_hi = _query_walk(SEGP, JLO, b, I, nI, nJ, Tp, offs_m, BM, BN, SEG)
+    m_i, l_i, acc = _softmax_start(BM, D)
     for jj in range(0, j_hi + 1 - j_lo):
-        J = j_hi - jj
-        offs_n = J * BN + tl.arange(0, BN)
-        col_ok = offs_n < T
-        k = _rows(K, b, h, offs_n, s_kb, s_kt, s_kh, offs_d, col_ok)
-        v = _rows(V, b, h, offs_n, s_vb, s_vt, s_vh, offs_d, col_ok)
-        ki = _rows(KI, b, 0, offs_n, s_jb, s_jt, 0, offs_r, col_ok)
-        bias, g = _bias(qi, ki, _live(offs_m, offs_n, T), tri, tl.load(CF + (b * nT + I) * Tp + offs_n), rs, off,
-                        PREC, BPREC, DOT)
+        J, offs_n, col_ok = _walk_tile(j_hi, jj, BN, T)
+        # RATIO 1: the forward's table has a row per query tile
+        k, v, ki, bias, g = _bias_key_tile(K, V, KI, CF, qi, b, h, I, offs_m, offs_n, col_ok, offs_d, offs_r, tri,
+                                           s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_jb, s_jt, T, nT, Tp, rs, off, 1,
+                                           PREC, BPREC, DOT)
         s = tl.dot(q, tl.trans(k), input_precision=PREC) * sl2 + bias * LOG2E
-        seg_j = offs_n
-        if SEG:
-            seg_j = tl.load(SEGP + b * Tp + offs_n)
-        s = tl.where(_attend_mask(offs_m, offs_n, seg_i, seg_j, SEG), s, -float("inf"))
-        m_i, l_i, acc = _online_softmax(s, m_i, l_i, acc, v, PREC, STORE32)  # Δ's output: P to ~16 bits
+        # STORE32: Δ's output, with P to ~16 bits (_online_softmax's SPLIT_P)
+        m_i, l_i, acc = _masked_softmax_step(s, m_i, l_i, acc, v, SEGP, b, Tp, offs_m, offs_n, seg_i, PREC, STORE32,
+                                             SEG)
     acc = acc / l_i[:, None]
     o_ptr = b * s_ob + h * s_oh + offs_m[:, None] * s_ot + offs_d[None, :]
     tl.store(O + o_ptr, acc.to(O.dtype.element_ty), mask=row_ok[:, None])
@@ -176,55 +196,29 @@ def _dcp_bwd_kv_kernel(
     # Σ dz over J's keys.
     nJ = tl.num_programs(0)
     J = tl.program_id(0)
-    bg = tl.program_id(1)
-    G = H // HPG
-    b = bg // G
-    g_id = bg % G
-    sl2 = scale * LOG2E
-    offs_n = J * BN + tl.arange(0, BN)
-    offs_d = tl.arange(0, D)
-    offs_r = tl.arange(0, R)
-    col_ok = offs_n < T
+    G, b, g_id, sl2 = _group_program(H, HPG, scale)
+    offs_n, offs_d, offs_r, col_ok = _own_tile_r(J, BN, D, R, T)
     ki = _rows(KI, b, 0, offs_n, s_jb, s_jt, 0, offs_r, col_ok)  # (BN, r)
     off = tl.load(OFF)
     tri, tri_t = _triangles(BT)
-    seg_j = offs_n
-    i_lo = (J * BN) // BT  # the query tile of J's first key
-    i_hi = (T + BT - 1) // BT - 1
-    if SEG:
-        seg_j = tl.load(SEGP + b * Tp + offs_n)
-        i_hi = tl.load(IHI + b * nJ + J)  # no query tile after i_hi shares a document with tile J: R = 0 there
+    seg_j, i_lo, i_hi = _key_walk(SEGP, IHI, b, J, nJ, T, Tp, offs_n, BT, BN, SEG)  # R = 0 past i_hi
     dki = tl.zeros([BN, R], tl.float32)
     doff = tl.zeros([BN], tl.float32)
     for hh in range(0, HPG):
-        h = g_id * HPG + hh
-        k = _rows(K, b, h, offs_n, s_kb, s_kt, s_kh, offs_d, col_ok)
-        v = _rows(V, b, h, offs_n, s_vb, s_vt, s_vh, offs_d, col_ok)
-        dk = tl.zeros([BN, D], tl.float32)
-        dv = tl.zeros([BN, D], tl.float32)
-        rc = tl.zeros([BN], tl.float32)
+        h, k, v, dk, dv, rc = _key_head(K, V, b, g_id, HPG, hh, offs_n, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_d,
+                                        col_ok)
         for ii in range(0, i_hi + 1 - i_lo):
-            I = i_hi - ii
-            offs_m = I * BT + tl.arange(0, BT)
-            row_ok = offs_m < T
-            q = _rows(Q, b, h, offs_m, s_qb, s_qt, s_qh, offs_d, row_ok)
-            qi = _rows(QI, b, 0, offs_m, s_ib, s_it, 0, offs_r, row_ok)
-            do = _rows(DO, b, h, offs_m, s_ob, s_ot, s_oh, offs_d, row_ok)
-            lse = tl.load(LSE + (b * H + h) * Tp + offs_m, mask=row_ok, other=0.0)  # padded rows: never written
-            delta = tl.load(DELTA + (b * H + h) * Tp + offs_m)
+            I, offs_m, row_ok = _walk_tile(i_hi, ii, BT, T)
+            q, qi, do, lse, delta = _query_rows(Q, QI, DO, LSE, DELTA, b, h, H, Tp, offs_m, row_ok, s_qb, s_qt, s_qh,
+                                                offs_d, s_ib, s_it, 0, offs_r, s_ob, s_ot, s_oh)
             live_t = (offs_n[:, None] < offs_m[None, :]) & row_ok[None, :]
             L_t, g_t = _keep_terms(ki, qi, live_t, rs, off, PREC)
             # bias transposed: CF[I, s] + Σ_{t' in I, t' ≤ t} L[t', s]
             bias_t = _prefix_cols(L_t, tri_t, DOT, BPREC) + L_t + tl.load(CF + (b * nT + I) * Tp + offs_n)[:, None]
             s_t = tl.dot(k, tl.trans(q), input_precision=PREC) * sl2 + bias_t * LOG2E
-            attend = (offs_n[:, None] <= offs_m[None, :]) & row_ok[None, :]
-            if SEG:
-                attend = attend & (seg_j[:, None] == tl.load(SEGP + b * Tp + offs_m)[None, :])
+            attend = _attend_mask_t(offs_m, offs_n, row_ok, seg_j, SEGP, b, Tp, SEG)
             ds_t, dk, dv = _flash_kv_step(s_t, attend, lse, delta, q, do, v, dk, dv, PREC)
-            # RC: read-modify-write by this program only; the group's first head writes
-            rc_ptr = RCP + ((b * G + g_id) * nT + I) * Tp + offs_n
-            rc_prev = tl.load(rc_ptr, mask=offs_n * 0 + hh > 0, other=0.0)
-            tl.store(rc_ptr, rc_prev + rc)
+            _store_carry_in(RCP, rc, b, G, g_id, nT, I, Tp, offs_n, hh)
             # this head's share of R (inclusive: t ≥ t'), then of dz
             dz_t = g_t * (_suffix_cols(ds_t, tri, DOT, BPREC) + ds_t + rc[:, None])
             rc += tl.sum(ds_t, axis=1)
@@ -254,55 +248,27 @@ def _dcp_bwd_q_kernel(
     # One query tile I (BM = RATIO table rows) and one group of HPG heads per program. Each head adds its in-tile
     # inclusive suffix of dS_h to R; the part over later query tiles, RC at the tile's last table row (every
     # head's, summed over groups), is added once, with head 0.
-    nI = tl.num_programs(0)
-    I = nI - 1 - tl.program_id(0)
-    bg = tl.program_id(1)
-    G = H // HPG
-    b = bg // G
-    g_id = bg % G
-    sl2 = scale * LOG2E
-    offs_m = I * BM + tl.arange(0, BM)
-    offs_d = tl.arange(0, D)
-    offs_r = tl.arange(0, R)
-    row_ok = offs_m < T
+    nI, I = _query_program()
+    G, b, g_id, sl2 = _group_program(H, HPG, scale)
+    offs_m, offs_d, offs_r, row_ok = _own_tile_r(I, BM, D, R, T)
     qi = _rows(QI, b, 0, offs_m, s_ib, s_it, 0, offs_r, row_ok)  # (BM, r)
     off = tl.load(OFF)
     tri, tri_t = _triangles(BM)
     last_row = I * RATIO + RATIO - 1  # the table row that ends with tile I
-    seg_i = offs_m
-    j_lo = 0
-    if SEG:
-        seg_i = tl.load(SEGP + b * Tp + offs_m)
-        j_lo = tl.load(JLO + b * nI + I)  # lowest key tile sharing a document with tile I or a later one
-    j_hi = tl.minimum((I * BM + BM - 1) // BN, nJ - 1)
+    seg_i, j_lo, j_hi = _query_walk(SEGP, JLO, b, I, nI, nJ, Tp, offs_m, BM, BN, SEG)
     dqi = tl.zeros([BM, R], tl.float32)
     for hh in range(0, HPG):
-        h = g_id * HPG + hh
-        q = _rows(Q, b, h, offs_m, s_qb, s_qt, s_qh, offs_d, row_ok)
-        do = _rows(DO, b, h, offs_m, s_ob, s_ot, s_oh, offs_d, row_ok)
-        lse = tl.load(LSE + (b * H + h) * Tp + offs_m, mask=row_ok, other=0.0)
-        delta = tl.load(DELTA + (b * H + h) * Tp + offs_m)
-        dq = tl.zeros([BM, D], tl.float32)
+        h, q, do, lse, delta, dq = _query_head(Q, DO, LSE, DELTA, b, g_id, HPG, hh, H, Tp, offs_m, s_qb, s_qt, s_qh,
+                                               s_ob, s_ot, s_oh, offs_d, row_ok)
         for jj in range(0, j_hi + 1 - j_lo):
-            J = j_hi - jj
-            offs_n = J * BN + tl.arange(0, BN)
-            col_ok = offs_n < T
-            k = _rows(K, b, h, offs_n, s_kb, s_kt, s_kh, offs_d, col_ok)
-            v = _rows(V, b, h, offs_n, s_vb, s_vt, s_vh, offs_d, col_ok)
-            ki = _rows(KI, b, 0, offs_n, s_jb, s_jt, 0, offs_r, col_ok)
-            bias, g = _bias(qi, ki, _live(offs_m, offs_n, T), tri, tl.load(CF + (b * nT + I * RATIO) * Tp + offs_n),
-                            rs, off, PREC, BPREC, DOT)
-            seg_j = offs_n
-            carry_ok = (offs_n * 0 + h == 0) & (offs_n * 0 + (I + 1) * BM < T)  # later queries exist
-            if SEG:
-                seg_j = tl.load(SEGP + b * Tp + offs_n)
-                carry_ok = carry_ok & (offs_n * 0 + last_row <= tl.load(IHI + b * nJ + J))  # RC written up to there
+            J, offs_n, col_ok = _walk_tile(j_hi, jj, BN, T)
+            k, v, ki, bias, g = _bias_key_tile(K, V, KI, CF, qi, b, h, I, offs_m, offs_n, col_ok, offs_d, offs_r, tri,
+                                               s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_jb, s_jt, T, nT, Tp, rs, off,
+                                               RATIO, PREC, BPREC, DOT)
+            seg_j, carry_ok = _carry_mask(SEGP, IHI, b, h, I, J, nJ, T, Tp, offs_n, last_row, BM, SEG)
             s = tl.dot(q, tl.trans(k), input_precision=PREC) * sl2 + bias * LOG2E
             attend = _attend_mask(offs_m, offs_n, seg_i, seg_j, SEG) & row_ok[:, None]
-            p = tl.where(attend, tl.exp2(s - lse[:, None]), 0.0)
-            dp = tl.dot(do, tl.trans(v), input_precision=PREC)
-            ds = p * (dp - delta[:, None])
-            dq += tl.dot(ds.to(k.dtype), k, input_precision=PREC)
+            ds, dq = _flash_q_step(s, attend, lse, delta, do, k, v, dq, PREC)
             r_in = _suffix_rows(ds, tri_t, DOT, BPREC) + ds
             r_in += tl.load(RC + (b * nT + last_row) * Tp + offs_n, mask=carry_ok, other=0.0)[None, :]
             dqi += tl.dot((g * r_in).to(ki.dtype), ki, input_precision=PREC)

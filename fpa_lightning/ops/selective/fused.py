@@ -130,10 +130,22 @@ def launch_cfg(kernel: str, D: int, env: str) -> dict:
     return with_env_overrides(cfg, f"{env}_{kernel.upper()}", (("num_warps", "WARPS"), ("num_stages", "STAGES")))
 
 
-def _empty(shape, *, dtype, device):
-    if TEST_HOOK_POISON_OUTPUTS:
+def padded_length(T: int, tiles: dict) -> int:
+    """T padded to whole tiles of every size in ``tiles`` (``tile_sizes``: powers of two, so whole tiles of the
+    largest)."""
+    largest = max(*tiles["fwd"], *tiles["bwd"])
+    return triton.cdiv(T, largest) * largest
+
+
+def empty_buffer(shape, *, dtype, device, poison: bool):
+    """torch.empty, or a tensor of NaN with ``poison`` (an op's TEST_HOOK_POISON_OUTPUTS)."""
+    if poison:
         return torch.full(shape, float("nan"), dtype=dtype, device=device)
     return torch.empty(shape, dtype=dtype, device=device)
+
+
+def _empty(shape, *, dtype, device):
+    return empty_buffer(shape, dtype=dtype, device=device, poison=TEST_HOOK_POISON_OUTPUTS)
 
 
 def _document_ids(segment_ids: torch.Tensor, Tp: int):
@@ -165,6 +177,25 @@ def _tile_bounds(seg: torch.Tensor, T: int, BM: int, BN: int):
     return jlo.to(torch.int32).contiguous(), ihi.to(torch.int32).contiguous()
 
 
+def backward_tile_bounds(ids: torch.Tensor, T: int, BT: int, BN: int, BM: int):
+    """The backward kernels' document bounds (``_tile_bounds`` at the backward's tiles): jlo_later (B, nI) int32,
+    the lowest key tile that shares a document with query tile I (BM rows) or any later one, for the query-major
+    kernel (below it, dS and R are 0); ihi (B, nJ) int32, the highest query tile (BT rows) that can share one with
+    key tile J, for the key-major kernel."""
+    jlo = _tile_bounds(ids, T, BM, BN)[0]
+    jlo_later = jlo.flip(-1).cummin(dim=-1).values.flip(-1).contiguous()  # its suffix minimum over the query tiles
+    return jlo_later, _tile_bounds(ids, T, BT, BN)[1]
+
+
+def output_grad_rowsum(do: torch.Tensor, o: torch.Tensor, Tp: int) -> torch.Tensor:
+    """Δ (B, H, Tp) fp32 of the flash backward: rowsum(dO * O) per query and head, 0 on padded rows; do, o
+    (B, T, H, D)."""
+    B, T, H, _ = do.shape
+    delta = torch.zeros((B, H, Tp), dtype=torch.float32, device=do.device)
+    delta[:, :, :T] = (do.float() * o.float()).sum(-1).transpose(1, 2)
+    return delta
+
+
 def _carry_table(q, k, keep, T, Tp, BT, BN, QM, scale, cx):
     """CF (B, Tp / BT, Tp) fp32: CF[r, s] = Σ_{t' < r·BT} S[t', s], written from the first row that a reader's query
     tile of QM rows holding key s starts at (earlier rows are never read)."""
@@ -184,8 +215,8 @@ class _SelectiveFunction(torch.autograd.Function):
         B, T, H, D = q.shape
         tiles = _tiles()
         check_tile_sizes(tiles, "selective_attention_fused")
-        (BM, BN), (BT_b, BN_b, BM_b) = tiles["fwd"], tiles["bwd"]
-        Tp = triton.cdiv(T, max(BM, BN, BT_b, BN_b, BM_b)) * max(BM, BN, BT_b, BN_b, BM_b)
+        BM, BN = tiles["fwd"]
+        Tp = padded_length(T, tiles)
         dev = q.device
         seg = segment_ids is not None
         cx = {"D": D, "PREC": "ieee" if q.dtype == torch.float32 else "tf32", "SEG": seg}
@@ -217,21 +248,13 @@ class _SelectiveFunction(torch.autograd.Function):
         seg = ctx.documents is not None
         dummy = lse
         ids, keep = ctx.documents if seg else (dummy, dummy)
-        if seg:
-            jlo_later = _tile_bounds(ids, T, BM, BN)[0]  # then its suffix minimum: tile I or any later one
-            jlo_later = jlo_later.flip(-1).cummin(dim=-1).values.flip(-1).contiguous()
-            ihi = _tile_bounds(ids, T, BT, BN)[1]
-        else:
-            jlo_later = ihi = dummy
+        jlo_later, ihi = backward_tile_bounds(ids, T, BT, BN, BM) if seg else (dummy, dummy)
         if do.stride(-1) != 1:
             do = do.contiguous()
         nT, nJ = Tp // BT, triton.cdiv(T, BN)
         G = _head_groups(B, H, nJ, dev)
-        delta = torch.zeros((B, H, Tp), dtype=torch.float32, device=dev)  # rowsum(dO * O), 0 on padded rows
-        delta[:, :, :T] = (do.float() * o.float()).sum(-1).transpose(1, 2)
-        dq = _empty(q.shape, dtype=q.dtype, device=dev)
-        dk = _empty(k.shape, dtype=k.dtype, device=dev)
-        dv = _empty(v.shape, dtype=v.dtype, device=dev)
+        delta = output_grad_rowsum(do, o, Tp)
+        dq, dk, dv = (_empty(t.shape, dtype=t.dtype, device=dev) for t in (q, k, v))
         cf = _carry_table(q, k, keep, T, Tp, BT, BN, BM, scale, cx)
         rcp = _empty((B, G, nT, Tp), dtype=torch.float32, device=dev)  # per group; rows from each key's tile written
         dk0p = _empty((B, G, Tp, D), dtype=torch.float32, device=dev)

@@ -122,6 +122,193 @@ def _triangles(BM: tl.constexpr):
     return tri, tri_t
 
 
+# ---------------------------------------------------------------------------------------------
+# the kernels' shared steps (the DCP kernels use them as well): program ids, tiles and their walks, the flash parts
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def _query_program():
+    # a query-major kernel's query tile I of nI: the last tiles (the longest rows) first, for a shorter tail
+    nI = tl.num_programs(0)
+    return nI, nI - 1 - tl.program_id(0)
+
+
+@triton.jit
+def _head_program(H, scale):
+    # the forward's program axis 1 (b·H + h), its batch row b and head h; and the logits' scale in log2 units
+    bh = tl.program_id(1)
+    return bh, bh // H, bh % H, scale * LOG2E
+
+
+@triton.jit
+def _group_program(H, HPG, scale):
+    # the backward's program axis 1: the number of head groups G = H / HPG, the batch row b and the head group g; and
+    # the logits' scale in log2 units
+    bg = tl.program_id(1)
+    G = H // HPG
+    return G, bg // G, bg % G, scale * LOG2E
+
+
+@triton.jit
+def _own_tile(X, BX: tl.constexpr, D: tl.constexpr, T):
+    # a program's own tile X: the offsets of its BX positions and of the head dim, and which positions are real (< T)
+    offs = X * BX + tl.arange(0, BX)
+    offs_d = tl.arange(0, D)
+    return offs, offs_d, offs < T
+
+
+@triton.jit
+def _walk_tile(X_hi, i, BX: tl.constexpr, T):
+    # step i of a walk down the tiles of BX positions from tile X_hi: the tile X, its offsets, which are real (< T)
+    X = X_hi - i
+    offs = X * BX + tl.arange(0, BX)
+    return X, offs, offs < T
+
+
+@triton.jit
+def _query_walk(SEGP, JLO, b, I, nI, nJ, Tp, offs_m, BM: tl.constexpr, BN: tl.constexpr, SEG: tl.constexpr):
+    # query tile I's document ids and its walk over the key tiles, from the diagonal's (j_hi) down to j_lo: 0, or with
+    # documents the lowest key tile that can share one with tile I (JLO, host-computed; for the dq kernels with tile
+    # I or any later one, as below it dS and R are 0)
+    seg_i = offs_m
+    j_lo = 0
+    if SEG:
+        seg_i = tl.load(SEGP + b * Tp + offs_m)
+        j_lo = tl.load(JLO + b * nI + I)
+    j_hi = tl.minimum((I * BM + BM - 1) // BN, nJ - 1)
+    return seg_i, j_lo, j_hi
+
+
+@triton.jit
+def _key_walk(SEGP, IHI, b, J, nJ, T, Tp, offs_n, BT: tl.constexpr, BN: tl.constexpr, SEG: tl.constexpr):
+    # key tile J's document ids and its walk over the query tiles of BT rows, from i_hi down to the tile of J's first
+    # key (i_lo): i_hi the last tile, or with documents the last that can share one with tile J (IHI, host-computed)
+    seg_j = offs_n
+    i_lo = (J * BN) // BT
+    i_hi = (T + BT - 1) // BT - 1
+    if SEG:
+        seg_j = tl.load(SEGP + b * Tp + offs_n)
+        i_hi = tl.load(IHI + b * nJ + J)
+    return seg_j, i_lo, i_hi
+
+
+@triton.jit
+def _key_values(K, V, b, h, offs_n, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_d, col_ok):
+    # head h's k and v on a key tile, (BN, D) each, 0 past T
+    k = _rows(K, b, h, offs_n, s_kb, s_kt, s_kh, offs_d, col_ok)
+    v = _rows(V, b, h, offs_n, s_vb, s_vt, s_vh, offs_d, col_ok)
+    return k, v
+
+
+@triton.jit
+def _grad_rows(DO, LSE, DELTA, b, h, H, Tp, offs_m, s_ob, s_ot, s_oh, offs_d, row_ok):
+    # head h's dO (BM, D), log-sum-exp and Δ (BM) on a query tile
+    do = _rows(DO, b, h, offs_m, s_ob, s_ot, s_oh, offs_d, row_ok)
+    lse = tl.load(LSE + (b * H + h) * Tp + offs_m, mask=row_ok, other=0.0)  # padded rows: never written
+    delta = tl.load(DELTA + (b * H + h) * Tp + offs_m)
+    return do, lse, delta
+
+
+@triton.jit
+def _softmax_start(BM: tl.constexpr, D: tl.constexpr):
+    # the forward's online softmax before the first key tile: row maxima -inf, sums 0, output 0 (BM, D)
+    return tl.full([BM], -float("inf"), tl.float32), tl.zeros([BM], tl.float32), tl.zeros([BM, D], tl.float32)
+
+
+@triton.jit
+def _masked_softmax_step(s, m_i, l_i, acc, v, SEGP, b, Tp, offs_m, offs_n, seg_i, PREC: tl.constexpr,
+                         SPLIT_P: tl.constexpr, SEG: tl.constexpr):
+    # one key tile of the forward: the logits s (log2 units) masked (causal, same document), then _online_softmax
+    seg_j = offs_n
+    if SEG:
+        seg_j = tl.load(SEGP + b * Tp + offs_n)
+    s = tl.where(_attend_mask(offs_m, offs_n, seg_i, seg_j, SEG), s, -float("inf"))
+    return _online_softmax(s, m_i, l_i, acc, v, PREC, SPLIT_P)
+
+
+@triton.jit
+def _key_head(K, V, b, g, HPG, hh, offs_n, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_d, col_ok):
+    # head hh of group g in a key-major backward program: the head h, its k and v on the key tile, and its zeroed
+    # fp32 dk, dv (BN, D) and running carry rc (BN)
+    h = g * HPG + hh
+    k, v = _key_values(K, V, b, h, offs_n, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_d, col_ok)
+    return h, k, v, tl.zeros(k.shape, tl.float32), tl.zeros(v.shape, tl.float32), tl.zeros(offs_n.shape, tl.float32)
+
+
+@triton.jit
+def _query_rows(Q, X0, DO, LSE, DELTA, b, h, H, Tp, offs_m, row_ok, s_qb, s_qt, s_qh, offs_d, s_xb, s_xt, s_xh,
+                offs_x, s_ob, s_ot, s_oh):
+    # a query tile of the key-major backward: head h's q, the layer-shared rows x0 (Selective: head 0's q; DCP: qi),
+    # and head h's dO, log-sum-exp and Δ
+    q = _rows(Q, b, h, offs_m, s_qb, s_qt, s_qh, offs_d, row_ok)
+    x0 = _rows(X0, b, 0, offs_m, s_xb, s_xt, s_xh, offs_x, row_ok)
+    do, lse, delta = _grad_rows(DO, LSE, DELTA, b, h, H, Tp, offs_m, s_ob, s_ot, s_oh, offs_d, row_ok)
+    return q, x0, do, lse, delta
+
+
+@triton.jit
+def _attend_mask_t(offs_m, offs_n, row_ok, seg_j, SEGP, b, Tp, SEG: tl.constexpr):
+    # _attend_mask on a transposed tile [key, query], real queries only
+    attend = (offs_n[:, None] <= offs_m[None, :]) & row_ok[None, :]
+    if SEG:
+        attend = attend & (seg_j[:, None] == tl.load(SEGP + b * Tp + offs_m)[None, :])
+    return attend
+
+
+@triton.jit
+def _store_carry_in(RCP, rc, b, G, g, nT, I, Tp, offs_n, hh):
+    # RCP[b, g, I, s] = rc[s] (as it enters query tile I) summed over the group's heads: a read-modify-write by this
+    # program only; the group's first head (hh = 0) writes
+    rc_ptr = RCP + ((b * G + g) * nT + I) * Tp + offs_n
+    rc_prev = tl.load(rc_ptr, mask=offs_n * 0 + hh > 0, other=0.0)
+    tl.store(rc_ptr, rc_prev + rc)
+
+
+@triton.jit
+def _query_head(Q, DO, LSE, DELTA, b, g, HPG, hh, H, Tp, offs_m, s_qb, s_qt, s_qh, s_ob, s_ot, s_oh, offs_d, row_ok):
+    # head hh of group g in a query-major backward program: the head h, its q, dO, log-sum-exp and Δ on the query
+    # tile, and its zeroed fp32 dq (BM, D)
+    h = g * HPG + hh
+    q = _rows(Q, b, h, offs_m, s_qb, s_qt, s_qh, offs_d, row_ok)
+    do, lse, delta = _grad_rows(DO, LSE, DELTA, b, h, H, Tp, offs_m, s_ob, s_ot, s_oh, offs_d, row_ok)
+    return h, q, do, lse, delta, tl.zeros(q.shape, tl.float32)
+
+
+@triton.jit
+def _carry_mask(SEGP, IHI, b, h, I, J, nJ, T, Tp, offs_n, last_row, BM: tl.constexpr, SEG: tl.constexpr):
+    # key tile J's document ids, and where the query-major kernel reads RC at query tile I's last table row: with head
+    # 0 only (RC holds every head's share), where later queries exist, and with documents up to the key tile's last
+    # sharing row (RC is written, and non-zero, up to there)
+    seg_j = offs_n
+    carry_ok = (offs_n * 0 + h == 0) & (offs_n * 0 + (I + 1) * BM < T)
+    if SEG:
+        seg_j = tl.load(SEGP + b * Tp + offs_n)
+        carry_ok = carry_ok & (offs_n * 0 + last_row <= tl.load(IHI + b * nJ + J))
+    return seg_j, carry_ok
+
+
+@triton.jit
+def _flash_q_step(s, attend, lse, delta, do, k, v, dq, PREC: tl.constexpr):
+    # one key tile of a query-major flash backward: P, dS = P (dP - Δ) and the dq accumulation (without its scale)
+    p = tl.where(attend, tl.exp2(s - lse[:, None]), 0.0)
+    dp = tl.dot(do, tl.trans(v), input_precision=PREC)
+    ds = p * (dp - delta[:, None])
+    dq += tl.dot(ds.to(k.dtype), k, input_precision=PREC)
+    return ds, dq
+
+
+@triton.jit
+def _selection_key_tile(K, V, KEEP, CF, q0, b, h, I, offs_m, offs_n, col_ok, offs_d, tri, s_kb, s_kt, s_kh, s_vb,
+                        s_vt, s_vh, nT, Tp, scale, RATIO: tl.constexpr, PREC: tl.constexpr, DOT: tl.constexpr,
+                        SEG: tl.constexpr):
+    # a key tile of the query-major kernels (query tile I, its table row I·RATIO): head 0's k0, head h's k and v, and
+    # F on the tile with its live mask (_field)
+    k0 = _rows(K, b, 0, offs_n, s_kb, s_kt, s_kh, offs_d, col_ok)
+    k, v = _key_values(K, V, b, h, offs_n, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_d, col_ok)
+    keysel = _selectable_keys(KEEP, b, Tp, offs_n, SEG)
+    F, live = _field(q0, k0, offs_m, offs_n, keysel, tri, CF, b, I * RATIO, nT, Tp, scale, PREC, DOT)
+    return k0, k, v, F, live
+
+
 @triton.jit
 def _online_softmax(s, m_i, l_i, acc, v, PREC: tl.constexpr, SPLIT_P: tl.constexpr):
     # one key tile of the forward's online softmax (log2 units): the running row max m_i, sum l_i and output acc.
@@ -191,42 +378,22 @@ def _sel_fwd_kernel(
 ):
     # One query tile I (BM rows) of one head per program, walking the key tiles from the diagonal down; the carry
     # table's rows are BM / RATIO queries apart.
-    nI = tl.num_programs(0)
-    I = nI - 1 - tl.program_id(0)  # long rows first: a shorter tail
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    sl2 = scale * LOG2E
-    offs_m = I * BM + tl.arange(0, BM)
-    offs_d = tl.arange(0, D)
-    row_ok = offs_m < T
+    nI, I = _query_program()
+    bh, b, h, sl2 = _head_program(H, scale)
+    offs_m, offs_d, row_ok = _own_tile(I, BM, D, T)
     q = _rows(Q, b, h, offs_m, s_qb, s_qt, s_qh, offs_d, row_ok)
     q0 = _rows(Q, b, 0, offs_m, s_qb, s_qt, s_qh, offs_d, row_ok)
     tri, tri_t = _triangles(BM)
-    seg_i = offs_m
-    j_lo = 0
-    if SEG:
-        seg_i = tl.load(SEGP + b * Tp + offs_m)
-        j_lo = tl.load(JLO + b * nI + I)  # key tiles below j_lo share no document with tile I
-    j_hi = tl.minimum((I * BM + BM - 1) // BN, nJ - 1)
-    m_i = tl.full([BM], -float("inf"), tl.float32)
-    l_i = tl.zeros([BM], tl.float32)
-    acc = tl.zeros([BM, D], tl.float32)
+    seg_i, j_lo, j_hi = _query_walk(SEGP, JLO, b, I, nI, nJ, Tp, offs_m, BM, BN, SEG)
+    m_i, l_i, acc = _softmax_start(BM, D)
     for jj in range(0, j_hi + 1 - j_lo):
-        J = j_hi - jj
-        offs_n = J * BN + tl.arange(0, BN)
-        col_ok = offs_n < T
-        k0 = _rows(K, b, 0, offs_n, s_kb, s_kt, s_kh, offs_d, col_ok)
-        k = _rows(K, b, h, offs_n, s_kb, s_kt, s_kh, offs_d, col_ok)
-        v = _rows(V, b, h, offs_n, s_vb, s_vt, s_vh, offs_d, col_ok)
-        keysel = _selectable_keys(KEEP, b, Tp, offs_n, SEG)
-        F, live = _field(q0, k0, offs_m, offs_n, keysel, tri, CF, b, I * RATIO, nT, Tp, scale, PREC, DOT)
+        J, offs_n, col_ok = _walk_tile(j_hi, jj, BN, T)
+        k0, k, v, F, live = _selection_key_tile(K, V, KEEP, CF, q0, b, h, I, offs_m, offs_n, col_ok, offs_d, tri,
+                                                s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, nT, Tp, scale, RATIO, PREC, DOT,
+                                                SEG)
         s = tl.dot(q, tl.trans(k), input_precision=PREC) * sl2 - F * LOG2E
-        seg_j = offs_n
-        if SEG:
-            seg_j = tl.load(SEGP + b * Tp + offs_n)
-        s = tl.where(_attend_mask(offs_m, offs_n, seg_i, seg_j, SEG), s, -float("inf"))
-        m_i, l_i, acc = _online_softmax(s, m_i, l_i, acc, v, PREC, False)
+        m_i, l_i, acc = _masked_softmax_step(s, m_i, l_i, acc, v, SEGP, b, Tp, offs_m, offs_n, seg_i, PREC, False,
+                                             SEG)
     acc = acc / l_i[:, None]
     tl.store(O + b * s_ob + h * s_oh + offs_m[:, None] * s_ot + offs_d[None, :], acc.to(O.dtype.element_ty),
              mask=row_ok[:, None])
@@ -252,55 +419,29 @@ def _sel_bwd_kv_kernel(
     # group's heads, for the dq kernel.
     nJ = tl.num_programs(0)
     J = tl.program_id(0)  # J = 0 walks the most tiles and starts first
-    bg = tl.program_id(1)
-    G = H // HPG
-    b = bg // G
-    g = bg % G
-    sl2 = scale * LOG2E
-    offs_n = J * BN + tl.arange(0, BN)
-    offs_d = tl.arange(0, D)
-    col_ok = offs_n < T
+    G, b, g, sl2 = _group_program(H, HPG, scale)
+    offs_n, offs_d, col_ok = _own_tile(J, BN, D, T)
     k0 = _rows(K, b, 0, offs_n, s_kb, s_kt, s_kh, offs_d, col_ok)
     keysel = _selectable_keys(KEEP, b, Tp, offs_n, SEG)
     tri, tri_t = _triangles(BT)
-    seg_j = offs_n
-    i_lo = (J * BN) // BT  # the query tile of J's first key
-    i_hi = (T + BT - 1) // BT - 1
-    if SEG:
-        seg_j = tl.load(SEGP + b * Tp + offs_n)
-        i_hi = tl.load(IHI + b * nJ + J)  # no query tile after i_hi shares a document with tile J
+    seg_j, i_lo, i_hi = _key_walk(SEGP, IHI, b, J, nJ, T, Tp, offs_n, BT, BN, SEG)
     acc0 = tl.zeros([BN, D], tl.float32)  # head 0's slot: its own dk and every head's selection share
     for hh in range(0, HPG):
-        h = g * HPG + hh
-        k = _rows(K, b, h, offs_n, s_kb, s_kt, s_kh, offs_d, col_ok)
-        v = _rows(V, b, h, offs_n, s_vb, s_vt, s_vh, offs_d, col_ok)
-        dk = tl.zeros([BN, D], tl.float32)
-        dv = tl.zeros([BN, D], tl.float32)
-        rc = tl.zeros([BN], tl.float32)
+        h, k, v, dk, dv, rc = _key_head(K, V, b, g, HPG, hh, offs_n, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_d, col_ok)
         for ii in range(0, i_hi + 1 - i_lo):
-            I = i_hi - ii
-            offs_m = I * BT + tl.arange(0, BT)
-            row_ok = offs_m < T
-            q = _rows(Q, b, h, offs_m, s_qb, s_qt, s_qh, offs_d, row_ok)
-            q0 = _rows(Q, b, 0, offs_m, s_qb, s_qt, s_qh, offs_d, row_ok)
-            do = _rows(DO, b, h, offs_m, s_ob, s_ot, s_oh, offs_d, row_ok)
-            lse = tl.load(LSE + (b * H + h) * Tp + offs_m, mask=row_ok, other=0.0)  # padded rows: never written
-            delta = tl.load(DELTA + (b * H + h) * Tp + offs_m)
+            I, offs_m, row_ok = _walk_tile(i_hi, ii, BT, T)
+            q, q0, do, lse, delta = _query_rows(Q, Q, DO, LSE, DELTA, b, h, H, Tp, offs_m, row_ok, s_qb, s_qt, s_qh,
+                                                offs_d, s_qb, s_qt, s_qh, offs_d, s_ob, s_ot, s_oh)
             # F transposed: f_t[s, t] = CF[I, s] + Σ_{t' in I, t' < t} S[t', s]
             raw_t = tl.dot(k0, tl.trans(q0), input_precision=PREC) * scale
             live_t = (offs_n[:, None] < offs_m[None, :]) & keysel[:, None] & (raw_t > 0.0)
             f_t = _prefix_cols(tl.where(live_t, raw_t, 0.0), tri_t, DOT, PREC)
             f_t += tl.load(CF + (b * nT + I) * Tp + offs_n)[:, None]
             s_t = tl.dot(k, tl.trans(q), input_precision=PREC) * sl2 - f_t * LOG2E
-            attend = (offs_n[:, None] <= offs_m[None, :]) & row_ok[None, :]
-            if SEG:
-                attend = attend & (seg_j[:, None] == tl.load(SEGP + b * Tp + offs_m)[None, :])
+            attend = _attend_mask_t(offs_m, offs_n, row_ok, seg_j, SEGP, b, Tp, SEG)
             ds_t, dk, dv = _flash_kv_step(s_t, attend, lse, delta, q, do, v, dk, dv, PREC)
-            # the selection: this head's share of R, the running carry, and RC (read-modify-write by this program
-            # only; the group's first head writes)
-            rc_ptr = RCP + ((b * G + g) * nT + I) * Tp + offs_n
-            rc_prev = tl.load(rc_ptr, mask=offs_n * 0 + hh > 0, other=0.0)
-            tl.store(rc_ptr, rc_prev + rc)
+            # the selection: RC, then this head's share of R and the running carry
+            _store_carry_in(RCP, rc, b, G, g, nT, I, Tp, offs_n, hh)
             r_t = _suffix_cols(ds_t, tri, DOT, PREC) + rc[:, None]
             rc += tl.sum(ds_t, axis=1)
             acc0 -= tl.dot(tl.where(live_t, r_t, 0.0).to(q0.dtype), q0, input_precision=PREC)
@@ -327,55 +468,26 @@ def _sel_bwd_q_kernel(
     # One query tile I (BM = RATIO table rows) and one group of HPG heads per program. Each head adds its in-tile
     # suffix of dS_h to R; the part over later query tiles, RC at the tile's last table row (every head's, summed),
     # is added once, with head 0.
-    nI = tl.num_programs(0)
-    I = nI - 1 - tl.program_id(0)  # long rows first: a shorter tail
-    bg = tl.program_id(1)
-    G = H // HPG
-    b = bg // G
-    g = bg % G
-    sl2 = scale * LOG2E
-    offs_m = I * BM + tl.arange(0, BM)
-    offs_d = tl.arange(0, D)
-    row_ok = offs_m < T
+    nI, I = _query_program()
+    G, b, g, sl2 = _group_program(H, HPG, scale)
+    offs_m, offs_d, row_ok = _own_tile(I, BM, D, T)
     q0 = _rows(Q, b, 0, offs_m, s_qb, s_qt, s_qh, offs_d, row_ok)
     tri, tri_t = _triangles(BM)
     last_row = I * RATIO + RATIO - 1  # the table row that ends with tile I
-    seg_i = offs_m
-    j_lo = 0
-    if SEG:
-        seg_i = tl.load(SEGP + b * Tp + offs_m)
-        # the lowest key tile sharing a document with tile I or any later one: below it, dS and R are 0
-        j_lo = tl.load(JLO + b * nI + I)
-    j_hi = tl.minimum((I * BM + BM - 1) // BN, nJ - 1)
+    seg_i, j_lo, j_hi = _query_walk(SEGP, JLO, b, I, nI, nJ, Tp, offs_m, BM, BN, SEG)
     acc0 = tl.zeros([BM, D], tl.float32)  # head 0's slot: its own dq and every head's selection share
     for hh in range(0, HPG):
-        h = g * HPG + hh
-        q = _rows(Q, b, h, offs_m, s_qb, s_qt, s_qh, offs_d, row_ok)
-        do = _rows(DO, b, h, offs_m, s_ob, s_ot, s_oh, offs_d, row_ok)
-        lse = tl.load(LSE + (b * H + h) * Tp + offs_m, mask=row_ok, other=0.0)  # padded rows: never written
-        delta = tl.load(DELTA + (b * H + h) * Tp + offs_m)
-        dq = tl.zeros([BM, D], tl.float32)
+        h, q, do, lse, delta, dq = _query_head(Q, DO, LSE, DELTA, b, g, HPG, hh, H, Tp, offs_m, s_qb, s_qt, s_qh,
+                                               s_ob, s_ot, s_oh, offs_d, row_ok)
         for jj in range(0, j_hi + 1 - j_lo):
-            J = j_hi - jj
-            offs_n = J * BN + tl.arange(0, BN)
-            col_ok = offs_n < T
-            k0 = _rows(K, b, 0, offs_n, s_kb, s_kt, s_kh, offs_d, col_ok)
-            k = _rows(K, b, h, offs_n, s_kb, s_kt, s_kh, offs_d, col_ok)
-            v = _rows(V, b, h, offs_n, s_vb, s_vt, s_vh, offs_d, col_ok)
-            keysel = _selectable_keys(KEEP, b, Tp, offs_n, SEG)
-            F, live = _field(q0, k0, offs_m, offs_n, keysel, tri, CF, b, I * RATIO, nT, Tp, scale, PREC, DOT)
-            seg_j = offs_n
-            carry_ok = (offs_n * 0 + h == 0) & (offs_n * 0 + (I + 1) * BM < T)  # later queries exist
-            if SEG:
-                seg_j = tl.load(SEGP + b * Tp + offs_n)
-                # RC is written (and non-zero) up to the key tile's last sharing row
-                carry_ok = carry_ok & (offs_n * 0 + last_row <= tl.load(IHI + b * nJ + J))
+            J, offs_n, col_ok = _walk_tile(j_hi, jj, BN, T)
+            k0, k, v, F, live = _selection_key_tile(K, V, KEEP, CF, q0, b, h, I, offs_m, offs_n, col_ok, offs_d, tri,
+                                                    s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, nT, Tp, scale, RATIO, PREC,
+                                                    DOT, SEG)
+            seg_j, carry_ok = _carry_mask(SEGP, IHI, b, h, I, J, nJ, T, Tp, offs_n, last_row, BM, SEG)
             s = tl.dot(q, tl.trans(k), input_precision=PREC) * sl2 - F * LOG2E
             attend = _attend_mask(offs_m, offs_n, seg_i, seg_j, SEG) & row_ok[:, None]
-            p = tl.where(attend, tl.exp2(s - lse[:, None]), 0.0)
-            dp = tl.dot(do, tl.trans(v), input_precision=PREC)
-            ds = p * (dp - delta[:, None])
-            dq += tl.dot(ds.to(k.dtype), k, input_precision=PREC)
+            ds, dq = _flash_q_step(s, attend, lse, delta, do, k, v, dq, PREC)
             R = _suffix_rows(ds, tri_t, DOT, PREC)
             R += tl.load(RC + (b * nT + last_row) * Tp + offs_n, mask=carry_ok, other=0.0)[None, :]
             acc0 -= tl.dot(tl.where(live, R, 0.0).to(k0.dtype), k0, input_precision=PREC)

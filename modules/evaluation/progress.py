@@ -162,19 +162,18 @@ class Progress:
         self.close()
 
 
-def announce(label: str, work: list[Work], costs: list[CostModel], device: torch.device, shorten: str,
-             unit: str = "items") -> float:
-    """Print the plan and its estimated time (stderr) before any work; returns the estimate in seconds. ``shorten``
-    says how to make it shorter and is printed when the estimate exceeds a minute."""
+def announce(label: str, work: list[Work], estimate: float, device: torch.device, shorten: str,
+             unit: str = "items") -> None:
+    """Print the plan and its estimated time in seconds (stderr; the progress bar's ``total_cost``, which its last
+    line compares with the time taken) before any work. ``shorten`` says how to make it shorter and is printed when
+    the estimate exceeds a minute."""
     items = sum(len(w.lengths) for w in work)
     tokens = sum(sum(w.lengths) for w in work)
-    estimate = sum(costs[w.model].seconds(n) for w in work for n in w.lengths)
     message = (f"{label}: {items} {unit}, {format_count(tokens)} tokens; estimated {format_seconds(estimate)} on "
                f"{device.type} (from timed passes on it)")
     if estimate > 60 and shorten:
         message += f"; shorter: {shorten}"
     print(message, file=sys.stderr, flush=True)
-    return estimate
 
 
 def start(label: str, decoders: list[Decoder], work: list[Work], score: Callable[[Decoder, torch.Tensor], object],
@@ -190,5 +189,6 @@ def start(label: str, decoders: list[Decoder], work: list[Work], score: Callable
     costs = [calibrate(d, min(2048, shortest), score) for d in decoders]
     costs += [calibrate(d, min(2048, shortest), path_score) for d, path_score in paths]
     device = next(decoders[0].parameters()).device
-    announce(label, work, costs, device, shorten, unit)
-    return Progress(label, work, costs, unit)
+    bar = Progress(label, work, costs, unit)
+    announce(label, work, bar.total_cost, device, shorten, unit)
+    return bar

@@ -45,7 +45,8 @@ class CostModel:
         return CostModel(linear, quadratic, constant)
 
 
-def _synchronize(device: torch.device) -> None:
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work, so that a wall-clock time covers it (no-op on a CPU)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -59,10 +60,10 @@ def calibrate(decoder: Decoder, length: int, score: Callable[[Decoder, torch.Ten
 
     def seconds(tokens: int) -> float:
         ids = torch.randint(3, decoder.cfg.vocab_size, (1, tokens), device=device)
-        _synchronize(device)
+        synchronize(device)
         start = time.perf_counter()
         score(decoder, ids)
-        _synchronize(device)
+        synchronize(device)
         return time.perf_counter() - start
 
     tiny = min(16, short)

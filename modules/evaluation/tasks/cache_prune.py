@@ -6,6 +6,7 @@ simulation's."""
 from __future__ import annotations
 
 import argparse
+import time
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -19,7 +20,7 @@ from fpa_lightning.evaluation.scoring import Runtime, check_vocab, token_losses
 from fpa_lightning.evaluation.stats import clopper_pearson
 from fpa_lightning.generation.rule import PruneRule, check_rule
 from fpa_lightning.generation.session import cached_token_losses
-from modules.evaluation.progress import Progress, Work, start
+from modules.evaluation.progress import Progress, Work, start, synchronize
 from modules.evaluation.tasks.common import Task, TaskOutput, errorbar, intervals, label
 from modules.evaluation.tasks.passkey import DEFAULT_TRIALS, score_all
 
@@ -186,11 +187,18 @@ def _real_eviction(model: LoadedModel, docs: list, rule: PruneRule, runtime: Run
                    simulated: np.ndarray, bar: Progress, path: int, block_rows: int) -> dict:
     """The documents through the real KV cache under `rule`: loss, increase over the unpruned pass, kept fraction
     (every query, as the simulation counts it), allocated cache bytes at the end, the largest difference of a
-    document's loss from the simulation's (rounding only: the two compute the same thing), and the attention over
-    the cache that ran (``DecodeSession.piece_attention_impl_used``)."""
+    document's loss from the simulation's (rounding only: the two compute the same thing), the attention over
+    the cache that ran (``DecodeSession.piece_attention_impl_used``), and the tokens scored per second of this path
+    alone (synchronised wall time, the speed issue #25 sets a goal for)."""
     losses, kept, cache_bytes, impls = [], [], [], set()
+    tokens, seconds = 0, 0.0
     for doc in docs:
+        synchronize(runtime.device)
+        started = time.perf_counter()
         per_token, session = _decoded_losses(model.decoder, doc[None], rule, runtime, block_rows)
+        synchronize(runtime.device)
+        seconds += time.perf_counter() - started
+        tokens += per_token.numel()
         impls.add(session.piece_attention_impl_used)
         losses.append(float(per_token.mean()))
         bar.advance(doc.numel(), path)
@@ -201,7 +209,8 @@ def _real_eviction(model: LoadedModel, docs: list, rule: PruneRule, runtime: Run
     return {"loss": intervals(losses, runtime)[0].as_dict(), "increase": intervals(losses - base, runtime)[0].as_dict(),
             "kept_fraction": float(np.mean(kept)), "cache_bytes": float(np.mean(cache_bytes)),
             "max_abs_difference_from_simulation": float(np.abs(losses - simulated).max()),
-            "attention_impl": ", ".join(sorted(impls))}
+            "attention_impl": ", ".join(sorted(impls)), "tokens": tokens, "seconds": seconds,
+            "tokens_per_second": tokens / max(seconds, 1e-9)}
 
 
 def _rule_tag(rule: PruneRule) -> str:

@@ -67,6 +67,7 @@ def test_cache_prune_real_eviction_matches_the_simulation(tmp_path, ckpts, capsy
         assert real["max_abs_difference_from_simulation"] < 1e-4  # float32 rounding only
         assert real["loss"]["estimate"] == pytest.approx(row["loss"]["estimate"], abs=1e-4)
         assert real["attention_impl"] == "naive"  # "auto" scores pieces with the einsums, on any device
+        assert real["tokens"] == 2 * 80 and real["tokens_per_second"] == pytest.approx(160 / real["seconds"])
 
 
 def test_passkey_through_the_pruned_cache(tmp_path, ckpts):

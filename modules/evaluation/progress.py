@@ -52,11 +52,16 @@ def synchronize(device: torch.device) -> None:
 
 
 @torch.no_grad()
-def calibrate(decoder: Decoder, length: int, score: Callable[[Decoder, torch.Tensor], object]) -> CostModel:
-    """Time ``score(decoder, ids)`` on random ids (1, L) at L = 16 (the constant), length / 2 and length, after a
-    warm-up at 16."""
+def calibrate(decoder: Decoder, length: int, score: Callable[[Decoder, torch.Tensor], object],
+              longest: int | None = None) -> CostModel:
+    """Time ``score(decoder, ids)`` on random ids (1, L): at L = 16 (the constant), then at length / 2 and length,
+    or, when the task's ``longest`` item is longer than ``length``, at length and longest, so that every item's
+    cost is interpolated between two measured lengths rather than extrapolated from short ones (extrapolated
+    from 1024 and 2048 tokens to 8192, cache_prune's estimate was 3.6 times its real time on an H200:
+    docs/evaluation.md). Untimed passes at
+    16 and at ``length`` come first, so that first-call costs (the allocator growing, kernels chosen for a new
+    shape) stay out of the fit."""
     device = next(decoder.parameters()).device
-    short = max(2, length // 2)
 
     def seconds(tokens: int) -> float:
         ids = torch.randint(3, decoder.cfg.vocab_size, (1, tokens), device=device)
@@ -66,9 +71,11 @@ def calibrate(decoder: Decoder, length: int, score: Callable[[Decoder, torch.Ten
         synchronize(device)
         return time.perf_counter() - start
 
+    short, long = (length, longest) if longest is not None and longest > length else (max(2, length // 2), length)
     tiny = min(16, short)
-    seconds(tiny)  # first-call costs (allocator, kernel selection) stay out of the fit
-    return CostModel.fit(short, seconds(short), length, seconds(length), constant=seconds(tiny))
+    seconds(tiny)
+    seconds(length)
+    return CostModel.fit(short, seconds(short), long, seconds(long), constant=seconds(tiny))
 
 
 def format_seconds(seconds: float) -> str:
@@ -180,15 +187,17 @@ def announce(label: str, work: list[Work], estimate: float, device: torch.device
 def start(label: str, decoders: list[Decoder], work: list[Work], score: Callable[[Decoder, torch.Tensor], object],
           shorten: str, unit: str = "items",
           paths: Sequence[tuple[Decoder, Callable[[Decoder, torch.Tensor], object]]] = ()) -> Progress:
-    """Calibrate each model with ``score`` (the forward the task runs) at min(2048, its shortest item), announce the
-    plan and return the task's progress bar. ``paths``: further (decoder, score) pairs whose cost differs from the
+    """Calibrate each model with ``score`` (the forward the task runs) at min(2048, its shortest item) and at its
+    longest item (``calibrate``), announce the plan and return the task's progress bar. ``paths``: further (decoder, score) pairs whose cost differs from the
     main forward (decoding through the KV cache, say), calibrated the same way; ``Work.model`` numbers them after
     the decoders (len(decoders) + j)."""
     if not any(len(w.lengths) for w in work):
         return Progress(label, work, unit=unit)
     shortest = min(min(w.lengths) for w in work if len(w.lengths))
-    costs = [calibrate(d, min(2048, shortest), score) for d in decoders]
-    costs += [calibrate(d, min(2048, shortest), path_score) for d, path_score in paths]
+    longest = max(max(w.lengths) for w in work if len(w.lengths))
+    base = min(2048, shortest)
+    costs = [calibrate(d, base, score, longest) for d in decoders]
+    costs += [calibrate(d, base, path_score, longest) for d, path_score in paths]
     device = next(decoders[0].parameters()).device
     bar = Progress(label, work, costs, unit)
     announce(label, work, bar.total_cost, device, shorten, unit)

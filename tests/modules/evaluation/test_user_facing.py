@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from eval import main
-from modules.evaluation.progress import CostModel, Progress, Work, format_seconds
+from modules.evaluation import progress
+from modules.evaluation.progress import CostModel, Progress, Work, calibrate, format_seconds
 
 
 def run(tmp_path, name, *argv):
@@ -57,6 +58,36 @@ def test_progress_bar_lines_and_estimate(capsys):
     fit = CostModel.fit(1000, 2.5, 2000, 6.5, constant=0.5)  # 0.5 + 1e-3·T + 1e-6·T²
     assert fit.linear == pytest.approx(1e-3) and fit.quadratic == pytest.approx(1e-6) and fit.constant == 0.5
     assert fit.seconds(4000) == pytest.approx(0.5 + 4 + 16)
+
+
+def fake_clock(monkeypatch, cost):
+    """progress's clock advanced by cost(T) seconds per scored input of T tokens; returns the lengths scored."""
+    now, scored = [0.0], []
+    monkeypatch.setattr(progress.time, "perf_counter", lambda: now[0])
+
+    def score(decoder, ids):
+        scored.append(ids.shape[1])
+        now[0] += cost(ids.shape[1])
+
+    return score, scored
+
+
+@pytest.mark.parametrize("longest, timed", [(8192, [2048, 8192]), (2048, [1024, 2048]), (None, [1024, 2048])])
+def test_calibrate_interpolates_up_to_the_longest_item(monkeypatch, longest, timed):
+    """Warm-up passes first (16 tokens and the calibration length, untimed), then the fit's points: with a longer
+    item, the calibration length and that item, so both lengths are predicted exactly, whatever the curve between;
+    the old points (half and all of 2048) extrapolated this curve to 8192 at 1.4x its cost."""
+    decoder = torch.nn.Linear(1, 1)
+    decoder.cfg = type("Cfg", (), {"vocab_size": 10})()
+    cost = lambda T: 0.01 + 1e-5 * T ** 1.5  # noqa: E731 (neither linear nor quadratic)
+    score, scored = fake_clock(monkeypatch, cost)
+    fit = calibrate(decoder, 2048, score, longest)
+    assert scored == [16, 2048, *timed, 16]
+    for T in timed:
+        assert fit.seconds(T) == pytest.approx(cost(T), rel=1e-9)
+    if longest == 8192:
+        old = calibrate(decoder, 2048, score)
+        assert old.seconds(8192) / cost(8192) > 1.3
 
 
 def edited_checkpoint(source, path, model=None, datamodule=None):

@@ -53,7 +53,7 @@ COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
 def _compiled(step, compile: bool | str):
     """`step` under torch.compile: True for the default mode, or a mode of ``COMPILE_MODES`` by name."""
     mode = "default" if compile is True else compile
-    if mode not in COMPILE_MODES:
+    if not isinstance(mode, str) or mode not in COMPILE_MODES:  # "", None or 0 too: never a silent eager step
         raise ValueError(f"compile must be a bool or one of {COMPILE_MODES}, got {compile!r}")
     return torch.compile(step, dynamic=False, mode=mode)
 
@@ -145,7 +145,7 @@ class DecodeSession:
             raise ValueError(f"check_every must be >= 1, got {check_every}")
         self.max_length, self.check_every = max_length, check_every
         self.counter = KeptCounter(len(decoder.blocks)) if track_kept else None
-        self.step_fn = _compiled(self._step, compile) if compile else self._step
+        self.step_fn = self._step if compile is False else _compiled(self._step, compile)
         self.cache: KVCache | None = None
         self.host_next: list[int] = []  # per row, the position of the next token (a host copy: no sync)
         self.limit = 0  # RoPE tables cover positions < limit

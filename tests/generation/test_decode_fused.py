@@ -178,6 +178,6 @@ def test_compile_takes_a_mode_and_refuses_the_ones_that_capture_graphs_themselve
             s.prefill([ids[0, :6], ids[1, :5]], max_new_tokens=3)
             logits.append(torch.stack([s.step(ids[:, t]).clone() for t in (6, 7)]))
     torch.testing.assert_close(logits[1], logits[0], atol=1e-5, rtol=0)
-    for mode in ("reduce-overhead", "max-autotune", "fast"):
+    for mode in ("reduce-overhead", "max-autotune", "fast", "", None, 0):  # never a silent eager step
         with pytest.raises(ValueError, match="compile must be a bool or one of"):
             DecodeSession(decoder, compile=mode)

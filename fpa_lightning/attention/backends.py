@@ -211,6 +211,10 @@ class FpaBackend(AttentionBackend):
             state["dip_sum"] = self.prefill_carry({"phi": phi, "psi": psi, "beta": phi.new_ones(H)}, lengths)
         return state, {"walk": walk_end}
 
+    @property
+    def decode_bias_falls(self) -> bool:  # the query level compares with ψ_t, which can rise
+        return self.cfg.fpa_op_level == "key"
+
     def own_decode_bias(self, x, q, k, query_pos, cache):
         phi, psi, walk = self.fields(x, cache.carry["walk"])  # (B, n, H), continuing the cached walk
         cache.carry["walk"].copy_(walk[:, -1])
@@ -218,21 +222,40 @@ class FpaBackend(AttentionBackend):
         if self.cfg.fpa_op_level == "key":
             cache.put("level", psi_h)
         level = psi_h[..., :, None] if self.cfg.fpa_op_level == "query" else cache.state["level"][:, :, None, :]
-        after = cache.key_pos[:, :, None, :] < query_pos[:, None, :, None]  # (B, H, n, S): query u moves key s < u
         beta = F.softplus(at_least_fp32(self.beta_raw))[:, None, None]
         if self.cfg.fpa_reduction == "min":
             cache.put("path_min", torch.full_like(phi_h, FAR))  # a new key's range is empty
             stored = cache.state["path_min"]  # (B, H, S)
-            moved = torch.where(after, phi_h[..., None], FAR)  # φ_u where query u moves key s
-            moved = moved.cummin(dim=2).values if moved.shape[2] > 1 else moved  # min over the new u ≤ t
-            path_min = torch.minimum(stored[:, :, None, :], moved)  # (B, H, n, S)
+            path_min = _piece_path_min(stored, phi_h, cache.key_pos, query_pos, cache.slots)  # (B, H, n, S)
             stored.copy_(path_min[:, :, -1])
             return beta * (path_min - level).clamp(max=0)  # (B, H, n, S)
+        after = cache.key_pos[:, :, None, :] < query_pos[:, None, :, None]  # (B, H, n, S): query u moves key s < u
         cache.put("dip_sum", torch.zeros_like(phi_h))
         stored = cache.state["dip_sum"]
         dip_sum = stored[:, :, None, :] + torch.where(after, (phi_h[..., None] - level).clamp(max=0), 0.0).cumsum(dim=2)
         stored.copy_(dip_sum[:, :, -1])
         return beta * dip_sum  # (B, H, n, S)
+
+
+def _piece_path_min(stored: torch.Tensor, phi: torch.Tensor, key_pos: torch.Tensor, query_pos: torch.Tensor,
+                    slots: torch.Tensor) -> torch.Tensor:
+    """The path minimum min(m_s, min_{s<u≤t} φ_u) of every cached key s for the n queries t of a piece: (B, H, n, S).
+    stored m_s (B, H, S) (FAR for the piece's own keys, just written), phi (B, H, n), key_pos (B, H, S), query_pos
+    (B, n) (consecutive per row), slots (B, H, n) of the piece's keys.
+
+    One query (a decoding step): min(m_s, φ_t) for the keys before it. A longer piece does not scan all S slots: a
+    key older than the piece sees every query, so its minimum is min(m_s, running min of φ), and only the piece's own
+    n keys need a scan, an (n, n) table scattered into their slots (a scan over (n, S) was the largest cost of
+    scoring with real eviction: BENCHMARKS.md, "Scoring with real eviction")."""
+    n = phi.shape[-1]
+    if n == 1:
+        before = key_pos < query_pos[:, None, :]  # (B, H, S): the query moves every key older than itself
+        return torch.minimum(stored, torch.where(before, phi, FAR))[:, :, None, :]
+    path_min = torch.minimum(stored[:, :, None, :], phi.cummin(dim=-1).values[..., None])  # (B, H, n, S)
+    order = torch.arange(n, device=phi.device)
+    moves = order[None, :] > order[:, None]  # (n_j, n_t): query t moves the piece's key j when t > j
+    own = torch.where(moves, phi[..., None, :], FAR).cummin(dim=-1).values  # (B, H, n_j, n_t), a scan along t
+    return path_min.scatter_(-1, slots[:, :, None, :].expand(-1, -1, n, -1), own.transpose(-1, -2))
 
 
 class SelectiveBackend(AttentionBackend):

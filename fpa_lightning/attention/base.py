@@ -235,6 +235,15 @@ class AttentionBackend(nn.Module):
     """True when the per-key state is one per key for all heads (a layer-shared bias): every head must then keep
     the same keys, so pruning by a per-head bias (ALiBi on top) has no cache form."""
 
+    @property
+    def decode_bias_falls(self) -> bool:
+        """True when no cached key's bias ever rises from one query to a later one (a running sum of terms ≤ 0 or a
+        running minimum: FoX, FPA at the key level, Selective, DCP, ALiBi, and no bias at all). A threshold that
+        rejects a key at one query of a piece then rejects it at every later one, so the KV cache's eviction needs
+        no running OR down the piece's queries. A backend whose bias can rise (FPA at the query level) says False.
+        tests/generation/test_eviction.py checks the claim of every backend on decoded pieces."""
+        return True
+
     def decode_prefill_state(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                              lengths: torch.Tensor) -> tuple[DecodeState, DecodeState]:
         """After a parallel prefill of x (B, T, C), q, k (B, T, H, D): the state of keys 0..T-1 and of each row as

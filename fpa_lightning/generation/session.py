@@ -267,8 +267,8 @@ class DecodeSession:
             rejected = self.rule.rejects(bias, age)
             if rejected is not None:
                 evicted = rejected & visible & (age > 0)  # the newest key (age 0) is never dropped
-                if n > 1:  # a key rejected by one query of the piece is gone for the later ones
-                    evicted = evicted.to(torch.uint8).cummax(dim=2).values.bool()
+                if n > 1 and not attn.backend.decode_bias_falls:  # a key rejected by one query of the piece is
+                    evicted = evicted.to(torch.uint8).cummax(dim=2).values.bool()  # gone for the later ones
                 visible = visible & ~evicted
                 cache.free(evicted[:, :, -1])
         if self.counter is not None:

@@ -48,6 +48,39 @@ def test_decoded_logits_equal_the_masked_parallel_forward(make_decoder, ids, att
     assert kept["kept_fraction"] < 1.0
 
 
+@pytest.mark.parametrize("attention", [attention for attention, _ in CASES], ids=str)
+def test_the_decode_bias_falls_where_the_backend_says_so(make_decoder, ids, attention, monkeypatch):
+    """``decode_bias_falls`` lets a piece skip the running OR of its evictions, so every backend that claims it must
+    have each cached key's bias non-increasing from one query of a piece to the next; FPA at the query level, which
+    does not claim it, is seen to rise (the OR is needed there)."""
+    decoder = make_decoder(**attention)
+    falls, rises, pairs = set(), 0, 0
+    for block in decoder.blocks:
+        backend = block.attn.backend
+
+        def recording(x, q, k, query_pos, cache, original=backend.decode_bias):
+            bias = original(x, q, k, query_pos, cache)
+            if bias is not None:
+                records.append((bias, cache.key_pos[:, : bias.shape[1]].clone(), query_pos))
+            return bias
+
+        monkeypatch.setattr(backend, "decode_bias", recording)
+        falls.add(backend.decode_bias_falls)
+    records = []
+    session = DecodeSession(decoder)
+    session.prefill(list(ids[:, :1]))
+    session.extend(ids[:, 1:9])
+    session.extend(ids[:, 9:])
+    for bias, key_pos, query_pos in records:  # bias (B, H or 1, n, S)
+        seen = (key_pos[:, :, None, :] >= 0) & (key_pos[:, :, None, :] <= query_pos[:, None, :, None])
+        both = seen[:, :, :-1] & seen[:, :, 1:]  # the key is cached for query t and for t + 1
+        step = (bias[:, :, 1:] - bias[:, :, :-1])[both]
+        pairs += step.numel()
+        rises += int((step > 1e-12).sum())
+    assert len(falls) == 1 and (pairs > 0 or (not records and falls == {True}))  # softmax: no bias at all
+    assert (rises == 0) == falls.pop(), f"{rises} rises of {pairs}"
+
+
 @pytest.mark.parametrize("backend", ["fpa", "fox"])
 def test_evicted_keys_are_gone_from_storage(make_decoder, ids, backend):
     """Monotone bias: layer 0 (whose input pruning cannot change) holds exactly the newest key and the keys whose

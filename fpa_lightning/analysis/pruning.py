@@ -28,7 +28,8 @@ def pruned_cache(decoder: Decoder, rule: PruneRule | None, block_size: int | Non
     rule None keeps every key: the same hooked path unpruned, the exact partner of a pruned pass (same blocks,
     same rounding). block_size: query rows per block (``Decoder.bias_hooks``); the result does not depend on it."""
     stats = KeptStats.empty(len(decoder.blocks))
-    with decoder.bias_hooks(lambda layer: PruningHook(rule, stats, layer), block_size):
+    falls = [block.attn.backend.decode_bias_falls for block in decoder.blocks]
+    with decoder.bias_hooks(lambda layer: PruningHook(rule, stats, layer, falls[layer]), block_size):
         yield stats
 
 

@@ -146,11 +146,13 @@ class PruningHook:
     evicted go to −inf (rule None: every key kept, the bias passed through and counted).
 
     Query blocks arrive in order (rows lo..hi-1 over keys 0..hi-1); the carry holds the per-key evicted flags
-    (B, H or 1, lo) after row lo − 1, so a key rejected once stays out for every later query.
+    (B, H or 1, lo) after row lo − 1, so a key rejected once stays out for every later query. bias_falls: the
+    layer's bias never rises along the queries (``AttentionBackend.decode_bias_falls``), so a rejection already
+    holds for every later row of the block and the running OR down the rows is skipped.
     """
 
-    def __init__(self, rule: PruneRule | None, stats: KeptStats, layer: int):
-        self.rule, self.stats, self.layer = rule, stats, layer
+    def __init__(self, rule: PruneRule | None, stats: KeptStats, layer: int, bias_falls: bool = False):
+        self.rule, self.stats, self.layer, self.bias_falls = rule, stats, layer, bias_falls
 
     def __call__(self, bias: torch.Tensor | None, rows: torch.Tensor, keys: torch.Tensor,
                  evicted: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -165,7 +167,7 @@ class PruningHook:
             bias = torch.zeros((1, 1, rows.shape[0], hi), device=rows.device)
         rejected = rejected & causal
         # evicted at row t = rejected at some row t' ≤ t (cumulative OR down the rows), or before this block
-        evicted_rows = rejected.to(torch.uint8).cummax(dim=-2).values.bool()  # (B, H or 1, n, hi) or (n, hi)
+        evicted_rows = rejected if self.bias_falls else rejected.to(torch.uint8).cummax(dim=-2).values.bool()
         if evicted is not None:
             evicted_rows = evicted_rows | torch.nn.functional.pad(evicted, (0, hi - evicted.shape[-1]))[..., None, :]
         kept = ~evicted_rows & causal | newest  # the newest key is always kept

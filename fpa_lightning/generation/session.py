@@ -189,7 +189,8 @@ class DecodeSession:
                        evicting: bool) -> torch.Tensor:
         """Prompts of one group through the parallel forward; each layer's K, V and state go to ``parts``."""
         stats = KeptStats.empty(len(self.decoder.blocks))
-        recorders = [_EvictionRecorder(PruningHook(self.rule, stats, i)) for i in range(len(self.decoder.blocks))]
+        recorders = [_EvictionRecorder(PruningHook(self.rule, stats, i, block.attn.backend.decode_bias_falls))
+                     for i, block in enumerate(self.decoder.blocks)]
 
         def attention(layer: int, attn, x: torch.Tensor) -> torch.Tensor:
             q, k, v = attn.project(x)

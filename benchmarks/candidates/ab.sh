@@ -4,7 +4,9 @@
 #   bash benchmarks/candidates/ab.sh tree PATCH                   only print a patched copy's folder
 #   bash benchmarks/candidates/ab.sh test DIR | time DIR LOG [shapes] [methods]
 # tree: copies the library, the benchmarks and the kernel tests into a temporary folder and applies the patch there.
-# test: the GPU tests of the default variant on that copy (-x: a failure stops the A/B before any timing).
+# test: the GPU tests of the default variant on that copy (-x: a failure stops the A/B before any timing); AB_TESTS
+# (test files) replaces them for a candidate of another op, e.g. AB_TESTS="tests/ops/test_dcp_fused.py
+# tests/ops/test_selective_fused.py" bash benchmarks/candidates/ab.sh PATCH "" dcp-fused,selective-fused.
 # time: benchmarks/attention.py in that copy, in its own process; every number is a ratio to SDPA-flash measured in
 # the same process. The full run times the base the same way and prints base and candidate side by side.
 # Adopt only what is faster on the GPU, and log the A/B in benchmarks/KERNEL_LOG.md.
@@ -18,7 +20,7 @@ tree() {
     dir=$(mktemp -d)
     mkdir -p "$dir/tests"
     cp -r fpa_lightning benchmarks pyproject.toml "$dir"/
-    cp -r tests/conftest.py tests/ops "$dir/tests/"
+    cp -r tests/conftest.py tests/_*.py tests/ops "$dir/tests/"
     local patch
     patch=$(realpath "$1")
     (cd "$dir" && { git apply "$patch" 2>/dev/null || patch -p1 -s < "$patch"; })
@@ -26,7 +28,12 @@ tree() {
 }
 
 run_tests() {
-    (cd "$1" && PYTHONPATH=. python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/ops/test_fpa_fused.py -k "not variant")
+    if [ -n "${AB_TESTS:-}" ]; then
+        # shellcheck disable=SC2086 (a list of test files)
+        (cd "$1" && PYTHONPATH=. python3 -m pytest -q -x -m gpu -p no:cacheprovider $AB_TESTS)
+    else
+        (cd "$1" && PYTHONPATH=. python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/ops/test_fpa_fused.py -k "not variant")
+    fi
 }
 
 run_timing() {  # DIR LOG [shapes] [methods]

@@ -34,16 +34,22 @@ FLOAT_SCALARS = {"qk_scale", "threshold"}
 INT_SCALARS = {"T", "H", "Tp", "nB"}
 
 
-def int_value(name: str, T: int, H: int, D: int, BS: int) -> int:
-    """The runtime value of an integer argument at (1, T, H, D): Triton specialises integers divisible by 16
-    (and pointers, all 16-byte aligned here), which changes the code, so the offline compile must do the same."""
+def stride_value(name: str, T: int, H: int, D: int) -> int | None:
+    """A (B, T, H, D) tensor's stride named by the kernels' convention (s_<tensor>b, t or h) at batch 1, else None."""
     if re.fullmatch(r"s_\w+b", name):
         return T * H * D
     if re.fullmatch(r"s_\w+t", name):
         return H * D
     if re.fullmatch(r"s_\w+h", name):
         return D
-    return {"T": T, "H": H, "Tp": T, "nB": T // BS}[name]
+    return None
+
+
+def int_value(name: str, T: int, H: int, D: int, BS: int) -> int:
+    """The runtime value of an integer argument at (1, T, H, D): Triton specialises integers divisible by 16
+    (and pointers, all 16-byte aligned here), which changes the code, so the offline compile must do the same."""
+    stride = stride_value(name, T, H, D)
+    return stride if stride is not None else {"T": T, "H": H, "Tp": T, "nB": T // BS}[name]
 
 
 def signature(fn, constexprs: dict, T: int, H: int, D: int, BS: int) -> tuple[dict, dict]:

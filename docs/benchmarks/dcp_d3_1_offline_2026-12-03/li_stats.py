@@ -3,7 +3,7 @@ instruction / MUFU / BAR / local / HGMMA counts (benchmarks/kernel_offline.py's)
 import sys
 from pathlib import Path
 
-sys.path.insert(0, "/work/main/benchmarks")
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
 import kernel_offline as ko  # noqa: E402
 
 a, b = Path(sys.argv[1]), Path(sys.argv[2])

@@ -10,9 +10,7 @@ import itertools
 import json
 import os
 import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 os.environ.pop("TRITON_INTERPRET", None)
@@ -23,6 +21,9 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from fpa_lightning.ops.selective import kernels as sel  # noqa: E402
 from fpa_lightning.ops.dcp import kernels as dcp  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
+import kernel_offline as ko  # noqa: E402 (its stride rule and SASS listing)
 
 T, H, G = 16384, 12, 3  # 1 x 16384, 12 heads, 3 head groups (the H200's choice at this size)
 HPG = H // G
@@ -39,13 +40,8 @@ def value(name, D, R, nT, nJ):
         return T * R
     if name in ("s_it", "s_jt"):
         return R
-    if re.fullmatch(r"s_\w+b", name):
-        return T * H * D
-    if re.fullmatch(r"s_\w+t", name):
-        return H * D
-    if re.fullmatch(r"s_\w+h", name):
-        return D
-    return {"T": T, "H": H, "Tp": T, "nT": nT, "nJ": nJ, "HPG": HPG}[name]
+    stride = ko.stride_value(name, T, H, D)
+    return stride if stride is not None else {"T": T, "H": H, "Tp": T, "nT": nT, "nJ": nJ, "HPG": HPG}[name]
 
 
 def signature(fn, constexprs, qkv, inter, D, R, nT, nJ):
@@ -64,15 +60,6 @@ def signature(fn, constexprs, qkv, inter, D, R, nT, nJ):
                          else "*i8" if name in I8P else "*fp32")
             attrs[(i,)] = [["tt.divisibility", 16]]
     return sig, attrs
-
-
-def sass_text(cubin):
-    from triton.backends.nvidia.compiler import get_ptxas
-    nvdisasm = str(Path(get_ptxas(90).path).with_name("nvdisasm"))
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        return subprocess.run([nvdisasm, "-c", f.name], capture_output=True, text=True, check=True).stdout
 
 
 def strip_locs(ir):
@@ -172,7 +159,7 @@ def compile_one(b):
     sig, attrs = signature(fn, cx, qkv, inter, D, R, nT, nJ)
     src = ASTSource(fn=fn, signature=sig, constexprs=cx, attrs=attrs)
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(launch))
-    return {"ttgir": strip_locs(k.asm["ttgir"]), "ptx": k.asm["ptx"], "sass": sass_text(k.asm["cubin"])}
+    return {"ttgir": strip_locs(k.asm["ttgir"]), "ptx": k.asm["ptx"], "sass": ko.sass_text(k.asm["cubin"])}
 
 
 def main():

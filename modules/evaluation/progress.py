@@ -45,10 +45,18 @@ class CostModel:
         return CostModel(linear, quadratic, constant)
 
 
-def synchronize(device: torch.device) -> None:
-    """Wait for the device's queued work, so that a wall-clock time covers it (no-op on a CPU)."""
+def _synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def timed(device: torch.device, fn: Callable, *args) -> tuple[object, float]:
+    """fn(*args) and its wall-clock seconds, the device's queued work waited for before and after."""
+    _synchronize(device)
+    start = time.perf_counter()
+    result = fn(*args)
+    _synchronize(device)
+    return result, time.perf_counter() - start
 
 
 @torch.no_grad()
@@ -58,18 +66,12 @@ def calibrate(decoder: Decoder, length: int, score: Callable[[Decoder, torch.Ten
     or, when the task's ``longest`` item is longer than ``length``, at length and longest, so that every item's
     cost is interpolated between two measured lengths rather than extrapolated from short ones (extrapolated
     from 1024 and 2048 tokens to 8192, cache_prune's estimate was 3.6 times its real time on an H200:
-    docs/evaluation.md). Untimed passes at
-    16 and at ``length`` come first, so that first-call costs (the allocator growing, kernels chosen for a new
-    shape) stay out of the fit."""
+    docs/evaluation.md). Untimed passes at 16 and at ``length`` come first, so that first-call costs (the allocator
+    growing, kernels chosen for a new shape) stay out of the fit."""
     device = next(decoder.parameters()).device
 
     def seconds(tokens: int) -> float:
-        ids = torch.randint(3, decoder.cfg.vocab_size, (1, tokens), device=device)
-        synchronize(device)
-        start = time.perf_counter()
-        score(decoder, ids)
-        synchronize(device)
-        return time.perf_counter() - start
+        return timed(device, score, decoder, torch.randint(3, decoder.cfg.vocab_size, (1, tokens), device=device))[1]
 
     short, long = (length, longest) if longest is not None and longest > length else (max(2, length // 2), length)
     tiny = min(16, short)
@@ -188,9 +190,9 @@ def start(label: str, decoders: list[Decoder], work: list[Work], score: Callable
           shorten: str, unit: str = "items",
           paths: Sequence[tuple[Decoder, Callable[[Decoder, torch.Tensor], object]]] = ()) -> Progress:
     """Calibrate each model with ``score`` (the forward the task runs) at min(2048, its shortest item) and at its
-    longest item (``calibrate``), announce the plan and return the task's progress bar. ``paths``: further (decoder, score) pairs whose cost differs from the
-    main forward (decoding through the KV cache, say), calibrated the same way; ``Work.model`` numbers them after
-    the decoders (len(decoders) + j)."""
+    longest item (``calibrate``), announce the plan and return the task's progress bar. ``paths``: further (decoder,
+    score) pairs whose cost differs from the main forward (decoding through the KV cache, say), calibrated the same
+    way; ``Work.model`` numbers them after the decoders (len(decoders) + j)."""
     if not any(len(w.lengths) for w in work):
         return Progress(label, work, unit=unit)
     shortest = min(min(w.lengths) for w in work if len(w.lengths))

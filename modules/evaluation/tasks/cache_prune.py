@@ -6,7 +6,6 @@ simulation's."""
 from __future__ import annotations
 
 import argparse
-import time
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -20,7 +19,7 @@ from fpa_lightning.evaluation.scoring import Runtime, check_vocab, token_losses
 from fpa_lightning.evaluation.stats import clopper_pearson
 from fpa_lightning.generation.rule import PruneRule, check_rule
 from fpa_lightning.generation.session import cached_token_losses
-from modules.evaluation.progress import Progress, Work, start, synchronize
+from modules.evaluation.progress import Progress, Work, start, timed
 from modules.evaluation.tasks.common import Task, TaskOutput, errorbar, intervals, label
 from modules.evaluation.tasks.passkey import DEFAULT_TRIALS, score_all
 
@@ -193,11 +192,9 @@ def _real_eviction(model: LoadedModel, docs: list, rule: PruneRule, runtime: Run
     losses, kept, cache_bytes, impls = [], [], [], set()
     tokens, seconds = 0, 0.0
     for doc in docs:
-        synchronize(runtime.device)
-        started = time.perf_counter()
-        per_token, session = _decoded_losses(model.decoder, doc[None], rule, runtime, block_rows)
-        synchronize(runtime.device)
-        seconds += time.perf_counter() - started
+        (per_token, session), took = timed(runtime.device, _decoded_losses, model.decoder, doc[None], rule, runtime,
+                                           block_rows)
+        seconds += took
         tokens += per_token.numel()
         impls.add(session.piece_attention_impl_used)
         losses.append(float(per_token.mean()))

@@ -243,10 +243,11 @@ def _piece_path_min(stored: torch.Tensor, phi: torch.Tensor, key_pos: torch.Tens
     stored m_s (B, H, S) (FAR for the piece's own keys, just written), phi (B, H, n), key_pos (B, H, S), query_pos
     (B, n) (consecutive per row), slots (B, H, n) of the piece's keys.
 
-    One query (a decoding step): min(m_s, φ_t) for the keys before it. A longer piece does not scan all S slots: a
-    key older than the piece sees every query, so its minimum is min(m_s, running min of φ), and only the piece's own
-    n keys need a scan, an (n, n) table scattered into their slots (a scan over (n, S) was the largest cost of
-    scoring with real eviction: BENCHMARKS.md, "Scoring with real eviction")."""
+    One query (a decoding step, captured in a CUDA graph): min(m_s, φ_t) for the keys before it, no scan or
+    scatter. A longer piece does not scan all S slots: a key older than the piece sees every query, so its minimum
+    is min(m_s, running min of φ), and only the piece's own n keys need a scan, an (n, n) table scattered into their
+    slots (a scan over (n, S) was the largest cost of scoring with real eviction: BENCHMARKS.md, "Scoring with real
+    eviction")."""
     n = phi.shape[-1]
     if n == 1:
         before = key_pos < query_pos[:, None, :]  # (B, H, S): the query moves every key older than itself

@@ -23,7 +23,7 @@ from _ops_helpers import test_non_cuda_tensors_rejected_outside_interpreter  # n
 from fpa_lightning.ops.dcp import dcp_attention_fused, dcp_attention_naive, dcp_bias
 from fpa_lightning.ops.dcp import fused as fused_mod
 from fpa_lightning.ops.common import dense_attention
-from fpa_lightning.ops.selective.kernels import _online_softmax
+from fpa_lightning.ops.selective.kernels import _online_softmax, _prefix_rows, _split_tf32
 
 
 def make_inputs(B, T, H, D, r=16, *, seed=0, i_scale=0.5, offset=0.6):
@@ -80,6 +80,36 @@ def test_split_p_gives_the_fp32_output_the_backwards_p(dtype):
     rounding = torch.finfo(dtype).eps * ref.abs().max().item()
     assert plain > rounding / 64  # P's rounding shows without the split
     assert split < plain / 30 and split < 1e-5, errors
+
+
+@triton.jit
+def _split_and_prefix(X, HI, LO, P, N: tl.constexpr, PREC: tl.constexpr):
+    # the split of an (N, N) fp32 tile and its exclusive prefix down the rows through _prefix_rows' tensor-core path
+    r = tl.arange(0, N)
+    x = tl.load(X + r[:, None] * N + r[None, :])
+    hi, lo = _split_tf32(x)
+    tl.store(HI + r[:, None] * N + r[None, :], hi)
+    tl.store(LO + r[:, None] * N + r[None, :], lo)
+    tri = tl.where(r[:, None] > r[None, :], 1.0, 0.0)
+    tl.store(P + r[:, None] * N + r[None, :], _prefix_rows(x, tri, True, PREC))
+
+
+@pytest.mark.parametrize("prec", ["tf32x2", "tf32x3", "ieee"])
+def test_tf32x2_split_is_exact_and_its_prefix_near_fp32(prec):
+    """The bias path's two-term sums (fused.py, "Precision"): x = hi + lo exactly, hi exact in tf32 (the low 13
+    mantissa bits clear), |lo| ≤ 2^-11 |x| (hi is x rounded, either sign, across magnitudes); and the exclusive prefix
+    through the dots is within 2^-17 of the float64 sum of magnitudes, tf32x3's order with fp32 accumulation and 64×
+    inside a plain tf32 product's 2^-11 (on a GPU; the interpreter's dots are exact)."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(32, 32, generator=gen, dtype=torch.float64) * torch.logspace(-20, 20, 32, dtype=torch.float64)
+    x = x.float().to(DEV)
+    hi, lo, prefix = (torch.empty_like(x) for _ in range(3))
+    _split_and_prefix[(1,)](x, hi, lo, prefix, N=32, PREC=prec)
+    assert torch.equal(hi + lo, x) and not (hi.view(torch.int32) & 0x1FFF).any()
+    assert (lo.abs() <= x.abs() * 2.0**-11).all()
+    exact = torch.tril(torch.ones(32, 32, dtype=torch.float64), -1) @ x.double().cpu()
+    scale = torch.tril(torch.ones(32, 32, dtype=torch.float64), -1) @ x.double().abs().cpu()
+    assert ((prefix.double().cpu() - exact).abs() <= scale * 2.0**-17).all()  # plain tf32: ~2^-11 of the scale
 
 
 @pytest.mark.parametrize("B,T,H,r", [(2, 1, 2, 16), (2, 5, 2, 32), (2, 16, 2, 16), (2, 37, 2, 16), (1, 70, 3, 64),

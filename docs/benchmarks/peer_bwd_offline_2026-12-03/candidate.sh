@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The candidate benchmarks/candidates/dcp_tf32x2.patch compiled offline at DCP's default builds, for comparison with
-# loop_stats.txt (the current kernels). From the repository root:
+# loop_stats.txt (the kernels before it). The patch was adopted as "DCP d4" (benchmarks/KERNEL_LOG.md) and deleted;
+# to run this again, check out f54a20a (where it waited). From the repository root:
 #   bash docs/benchmarks/peer_bwd_offline_2026-12-03/candidate.sh > docs/benchmarks/peer_bwd_offline_2026-12-03/candidate_tf32x2.txt
 set -euo pipefail
 export TRITON_DEFAULT_FP_FUSION=1

@@ -22,8 +22,9 @@ queries in the forward and 32 in the backward on the GPU; G: head groups of the 
     (B, H, T_p); dqi and dki partials (B, G, T_p, r) each; offset partials (B, G, T_p/BN).
 Precision: every accumulation is fp32. z is one tl.dot over r in the interaction inputs' dtype (bf16/fp16 on tensor
 cores; fp32 operands in tf32 when q is bf16/fp16, in full fp32 when q is fp32); the in-tile prefix and suffix sums
-over queries (fp32 operands) in tf32x3 when q is bf16/fp16 (three tf32 dots, near fp32), in full fp32 when q is fp32,
-DCP_BIAS_PREC overriding it ("tf32", "ieee": A/B only). The offset gradient is a sum of dz over all T²/2 pairs, so it
+over queries (fp32 operands) in "tf32x2" when q is bf16/fp16 (the 0/1 triangle is exact in tf32, so the summed
+operand alone is split in two and two tf32 dots give tf32x3's result: ``_mask_dot``), in full fp32 when q is fp32,
+DCP_BIAS_PREC overriding it ("tf32", "tf32x3", "ieee": A/B only). The offset gradient is a sum of dz over all T²/2 pairs, so it
 collects coherently any error that makes a row of dS = P(dP − Δ) sum to other than zero. Hence Δ = rowsum(dO·O) is
 taken from an fp32 output whose P·V product takes P to about 16 bits (P split into two terms in v's dtype, one more
 tensor-core dot per tile, ``_online_softmax``'s SPLIT_P), so that it matches the backward's fp32 P. The second attempt
@@ -104,7 +105,7 @@ class _DcpFunction(torch.autograd.Function):
         dev = q.device
         seg = segment_ids is not None
         prec = "ieee" if q.dtype == torch.float32 else "tf32"
-        bias_prec = "ieee" if q.dtype == torch.float32 else "tf32x3"  # the bias path's sums near fp32 (see above)
+        bias_prec = "ieee" if q.dtype == torch.float32 else "tf32x2"  # the bias path's sums near fp32 (see above)
         cx = {"D": D, "R": qi.shape[-1], "PREC": prec, "BPREC": os.environ.get("DCP_BIAS_PREC") or bias_prec,
               "DOT": _prefix_by_dot(), "SEG": seg, "rs": 1.0 / math.sqrt(qi.shape[-1])}
         off = offset.detach().reshape(1).to(torch.float32)

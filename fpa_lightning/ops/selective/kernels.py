@@ -36,10 +36,34 @@ LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
+def _split_tf32(x):
+    # x = hi + lo exactly, hi exact in tf32 (x rounded to 10 mantissa bits: +half an ulp, low 13 bits cleared; the
+    # int32 add is the unsigned one, so it rounds the magnitude of either sign) and |lo| ≤ 2^-11 |x|
+    hi = ((x.to(tl.int32, bitcast=True) + 0x1000) & -8192).to(tl.float32, bitcast=True)
+    return hi, x - hi
+
+
+@triton.jit
+def _mask_dot(a, b, A_IS_MASK: tl.constexpr, PREC: tl.constexpr):
+    # a @ b where one operand is a 0/1 mask (a when A_IS_MASK). PREC "tf32x2": the mask is exact in tf32, so only
+    # the other operand is split and two tf32 products give tf32x3's result (its third product, mask_lo · x_hi,
+    # is zero), with one product and the mask's split fewer
+    if PREC == "tf32x2":
+        if A_IS_MASK:
+            hi, lo = _split_tf32(b)
+            return tl.dot(a, lo, acc=tl.dot(a, hi, input_precision="tf32"), input_precision="tf32")
+        else:
+            hi, lo = _split_tf32(a)
+            return tl.dot(lo, b, acc=tl.dot(hi, b, input_precision="tf32"), input_precision="tf32")
+    else:
+        return tl.dot(a, b, input_precision=PREC)
+
+
+@triton.jit
 def _prefix_rows(x, tri, DOT: tl.constexpr, PREC: tl.constexpr):
     # exclusive prefix down the rows: out[t, s] = Σ_{t' < t} x[t', s]; tri[t, t'] = [t' < t]
     if DOT:
-        return tl.dot(tri, x, input_precision=PREC)
+        return _mask_dot(tri, x, True, PREC)
     else:
         return tl.cumsum(x, axis=0) - x
 
@@ -48,7 +72,7 @@ def _prefix_rows(x, tri, DOT: tl.constexpr, PREC: tl.constexpr):
 def _suffix_rows(x, tri_t, DOT: tl.constexpr, PREC: tl.constexpr):
     # exclusive suffix down the rows: out[t', s] = Σ_{t > t'} x[t, s]; tri_t[t', t] = [t > t']
     if DOT:
-        return tl.dot(tri_t, x, input_precision=PREC)
+        return _mask_dot(tri_t, x, True, PREC)
     else:
         return tl.cumsum(x, axis=0, reverse=True) - x
 
@@ -57,7 +81,7 @@ def _suffix_rows(x, tri_t, DOT: tl.constexpr, PREC: tl.constexpr):
 def _prefix_cols(x, tri_t, DOT: tl.constexpr, PREC: tl.constexpr):
     # exclusive prefix along the columns (a transposed tile [key, query]): out[s, t] = Σ_{t' < t} x[s, t']
     if DOT:
-        return tl.dot(x, tri_t, input_precision=PREC)
+        return _mask_dot(x, tri_t, False, PREC)
     else:
         return tl.cumsum(x, axis=1) - x
 
@@ -66,7 +90,7 @@ def _prefix_cols(x, tri_t, DOT: tl.constexpr, PREC: tl.constexpr):
 def _suffix_cols(x, tri, DOT: tl.constexpr, PREC: tl.constexpr):
     # exclusive suffix along the columns: out[s, t'] = Σ_{t > t'} x[s, t]
     if DOT:
-        return tl.dot(x, tri, input_precision=PREC)
+        return _mask_dot(x, tri, False, PREC)
     else:
         return tl.cumsum(x, axis=1, reverse=True) - x
 

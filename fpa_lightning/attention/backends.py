@@ -22,6 +22,7 @@ from fpa_lightning.ops.fpa.chunked import fpa_bias_block
 from fpa_lightning.ops.fpa.fused import HEAD_DIMS as FPA_FUSED_HEAD_DIMS
 from fpa_lightning.ops.fpa.fused import fpa_attention as fused_fpa_attention
 from fpa_lightning.ops.fpa.naive import fpa_bias
+from fpa_lightning.ops.fpa_piece import fused as fpa_piece, path_min_after
 from fpa_lightning.ops.selective import (
     selection_scores,
     selective_attention_fused,
@@ -215,16 +216,39 @@ class FpaBackend(AttentionBackend):
     def decode_bias_falls(self) -> bool:  # the query level compares with ψ_t, which can rise
         return self.cfg.fpa_op_level == "key"
 
-    def own_decode_bias(self, x, q, k, query_pos, cache):
-        phi, psi, walk = self.fields(x, cache.carry["walk"])  # (B, n, H), continuing the cached walk
+    def _advance_fields(self, x, cache) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """φ and ψ of n new tokens x (B, n, C), (B, H, n) each, continuing the cached walk; their keys' level (key
+        level) and empty path minimum (min reduction) go into the cache. Returns φ, ψ and β (H,)."""
+        phi, psi, walk = self.fields(x, cache.carry["walk"])  # (B, n, H)
         cache.carry["walk"].copy_(walk[:, -1])
         phi_h, psi_h = phi.transpose(1, 2), psi.transpose(1, 2)  # (B, H, n)
         if self.cfg.fpa_op_level == "key":
             cache.put("level", psi_h)
-        level = psi_h[..., :, None] if self.cfg.fpa_op_level == "query" else cache.state["level"][:, :, None, :]
-        beta = F.softplus(at_least_fp32(self.beta_raw))[:, None, None]
         if self.cfg.fpa_reduction == "min":
             cache.put("path_min", torch.full_like(phi_h, FAR))  # a new key's range is empty
+        return phi_h, psi_h, F.softplus(at_least_fp32(self.beta_raw))
+
+    @property
+    def has_piece_kernel(self) -> bool:
+        return self.cfg.fpa_op_level == "key" and self.cfg.fpa_reduction == "min" and not self.alibi
+
+    def decode_piece_fused(self, x, q, k, query_pos, cache, threshold):
+        phi_h, _, beta = self._advance_fields(x, cache)
+        start = query_pos[:, 0]  # a piece's positions are consecutive
+        stored, level = cache.state["path_min"], cache.state["level"]  # (B, H, S)
+        out, kept = fpa_piece.fpa_piece_attention(q, cache.k, cache.v, cache.key_pos, stored, level,
+                                                  phi_h.contiguous(), beta, start, self.scale, threshold)
+        stored.copy_(path_min_after(stored, phi_h, cache.key_pos, start))
+        last = query_pos[:, -1][:, None, None]  # (B, 1, 1): after the last query, as the kernel decided
+        evicted = ((cache.key_pos != -1) & (cache.key_pos < last)
+                   & (beta[:, None] * (stored - level).clamp(max=0) < threshold))
+        return out, kept, evicted
+
+    def own_decode_bias(self, x, q, k, query_pos, cache):
+        phi_h, psi_h, beta = self._advance_fields(x, cache)
+        level = psi_h[..., :, None] if self.cfg.fpa_op_level == "query" else cache.state["level"][:, :, None, :]
+        beta = beta[:, None, None]
+        if self.cfg.fpa_reduction == "min":
             stored = cache.state["path_min"]  # (B, H, S)
             path_min = _piece_path_min(stored, phi_h, cache.key_pos, query_pos, cache.slots)  # (B, H, n, S)
             stored.copy_(path_min[:, :, -1])

@@ -244,6 +244,19 @@ class AttentionBackend(nn.Module):
         tests/generation/test_eviction.py checks the claim of every backend on decoded pieces."""
         return True
 
+    @property
+    def has_piece_kernel(self) -> bool:
+        """True when ``decode_piece_fused`` attends a piece of queries over the KV cache in one fused kernel, bias
+        and threshold eviction included (FPA at the key level with the min reduction and no ALiBi)."""
+        return False
+
+    def decode_piece_fused(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, query_pos: torch.Tensor,
+                           cache, threshold: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """n new tokens over the cache in one kernel, for a backend with ``has_piece_kernel``: their attention
+        output (B, n, H, D), how many keys each query kept (B, H, n), and the keys the threshold evicts for good
+        (B, H, S) (−inf: none). The state is advanced as ``decode_bias`` advances it; the keys are already cached."""
+        raise NotImplementedError(f"{type(self).__name__} has no fused piece kernel (has_piece_kernel is False)")
+
     def decode_prefill_state(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                              lengths: torch.Tensor) -> tuple[DecodeState, DecodeState]:
         """After a parallel prefill of x (B, T, C), q, k (B, T, H, D): the state of keys 0..T-1 and of each row as

@@ -4,7 +4,8 @@
   right-padded prompts; each layer hands its K, V and its backend's per-key state
   (``AttentionBackend.decode_prefill_state``) to the cache. Returns the logits after each prompt.
 * ``extend(ids)``: n more tokens per row through the cache (prefill in pieces, teacher forcing): each layer
-  attends over its cached keys with the bias the backend computes from its state (``decode_bias``).
+  attends over its cached keys with the bias the backend computes from its state (``decode_bias``), or, for FPA at
+  the key level, in one fused kernel that makes the bias and the eviction on the fly (``decode_piece_fused``).
 * ``step(ids)``: one token per row with static shapes; on CUDA the step is captured once in a CUDA graph and
   replayed (optionally compiled first). The cache only changes size between steps (``reserve``).
 
@@ -73,6 +74,18 @@ def _resolve_attention(impl: str, decoder: Decoder, device: torch.device) -> str
     return impl
 
 
+def _resolve_piece_attention(impl: str, step_impl: str, decoder: Decoder, rule: PruneRule | None) -> list[str]:
+    """Per layer, the attention of a piece of several tokens: "fpa_piece" (one kernel with the bias and the threshold
+    eviction, ``decode_piece_fused``) where the backend has it and the rule is a threshold (or none), else the op of
+    ``decode_attention`` under "fused" and the einsums otherwise (see ``DecodeSession``)."""
+    if impl == "naive" or step_impl == "naive":
+        return ["naive"] * len(decoder.blocks)
+    threshold_rule = rule is None or rule.window is None
+    other = "fused" if impl == "fused" else "naive"
+    return ["fpa_piece" if threshold_rule and block.attn.backend.has_piece_kernel else other
+            for block in decoder.blocks]
+
+
 class KeptCounter:
     """Per layer, Σ over queries of the fraction of the t + 1 keys kept (mean over heads), and the query count."""
 
@@ -80,9 +93,9 @@ class KeptCounter:
         self.fraction_sum: list[torch.Tensor | float] = [0.0] * n_layer
         self.queries = [0] * n_layer
 
-    def add(self, layer: int, visible: torch.Tensor, query_pos: torch.Tensor) -> None:
-        """visible (B, H, n, S) after eviction; query_pos (B, n)."""
-        fraction = visible.sum(dim=-1).to(torch.float64) / (query_pos[:, None, :] + 1)  # (B, H, n)
+    def add(self, layer: int, kept: torch.Tensor, query_pos: torch.Tensor) -> None:
+        """kept (B, H, n): the keys each query attended to after eviction; query_pos (B, n)."""
+        fraction = kept.to(torch.float64) / (query_pos[:, None, :] + 1)  # (B, H, n)
         self.fraction_sum[layer] = self.fraction_sum[layer] + fraction.mean(dim=1).sum()
         self.queries[layer] += query_pos.numel()
 
@@ -122,10 +135,13 @@ class DecodeSession:
     between capacity checks under an eviction rule (each check synchronises with the device once).
     attention_impl: the attention over the cache, "naive" (``cached_attention``), "fused" (``decode_attention``, the
     split-K Triton kernels: a CUDA device or the interpreter, head dim 16-128, bf16/fp16/fp32; raises otherwise) or
-    "auto": for single-token steps fused on CUDA where it can run, naive otherwise; for pieces of several tokens
-    (``extend``, ``cached_token_losses``) naive, since the op reads its slots once per query row where the einsums
-    make one batched matmul (its A/B covered steps only: docs/generation.md). The choices are
-    ``attention_impl_used`` (steps) and ``piece_attention_impl_used`` (pieces).
+    "auto": for single-token steps fused on CUDA where it can run, naive otherwise. Pieces of several tokens
+    (``extend``, ``cached_token_losses``) take FPA's piece kernel ("fpa_piece": bias, eviction and attention in one
+    kernel, for FPA at the key level under a threshold rule or none) under "fused", and under "auto" where the fused
+    op would run; other layers take the einsums under "auto" (the decode op reads its slots once per query row
+    where the einsums make one batched matmul: docs/generation.md) and the decode op under "fused". The choices
+    are ``attention_impl_used`` (steps) and ``piece_attention_impl_used`` (pieces: the layers' choices joined by
+    "+", e.g. "fpa_piece+naive" for a model with FPA and softmax layers).
     """
 
     def __init__(self, decoder: Decoder, *, rule: PruneRule | None = None, cuda_graph: bool | None = None,
@@ -135,7 +151,8 @@ class DecodeSession:
         self.decoder, self.rule = decoder, rule
         self.device = next(decoder.parameters()).device
         self.attention_impl_used = _resolve_attention(attention_impl, decoder, self.device)
-        self.piece_attention_impl_used = "naive" if attention_impl == "auto" else self.attention_impl_used
+        self.piece_impls = _resolve_piece_attention(attention_impl, self.attention_impl_used, decoder, rule)
+        self.piece_attention_impl_used = "+".join(sorted(set(self.piece_impls)))
         self.cuda_graph = self.device.type == "cuda" if cuda_graph is None else cuda_graph
         if self.cuda_graph and self.device.type != "cuda":
             raise ValueError(f"cuda_graph=True needs the model on a CUDA device, it is on {self.device}")
@@ -260,6 +277,14 @@ class DecodeSession:
         q, k, v = attn.project_at(x, query_pos, self.limit)  # (B, n, H, D)
         slots = query_pos[:, None, :].expand(B, attn.n_head, n) if self.cache.append else None
         cache.write(k, v, query_pos, slots)
+        impl = self.attention_impl_used if n == 1 else self.piece_impls[layer]
+        if impl == "fpa_piece":
+            threshold = float("-inf") if self.rule is None else self.rule.threshold
+            out, kept, evicted = attn.backend.decode_piece_fused(x, q, k, query_pos, cache, threshold)
+            cache.free(evicted)
+            if self.counter is not None:
+                self.counter.add(layer, kept, query_pos)
+            return attn.out(out.flatten(-2))
         bias = attn.backend.decode_bias(x, q, k, query_pos, cache)  # (B, H or 1, n, S) or None
         key_pos = cache.key_pos[:, :, None, :]  # (B, H, 1, S)
         age = query_pos[:, None, :, None] - key_pos  # (B, H, n, S): t − s
@@ -273,8 +298,8 @@ class DecodeSession:
                 visible = visible & ~evicted
                 cache.free(evicted[:, :, -1])
         if self.counter is not None:
-            self.counter.add(layer, visible, query_pos)
-        if (self.attention_impl_used if n == 1 else self.piece_attention_impl_used) == "fused":
+            self.counter.add(layer, visible.sum(dim=-1), query_pos)
+        if impl == "fused":
             bias = bias if bias is None else bias.float()  # as the reference adds it: in float32
             # the torch.library custom op: one opaque node under torch.compile (compile=True), no graph break per
             # layer; inside a CUDA graph its two kernels are replayed like any other
@@ -366,12 +391,13 @@ class DecodeSession:
 
 
 @torch.no_grad()
-def cached_token_losses(decoder: Decoder, ids: torch.Tensor, rule: PruneRule | None,
-                        piece: int = 64) -> tuple[torch.Tensor, DecodeSession]:
+def cached_token_losses(decoder: Decoder, ids: torch.Tensor, rule: PruneRule | None, piece: int = 64,
+                        attention_impl: str = "auto") -> tuple[torch.Tensor, DecodeSession]:
     """ids (B, L + 1) -> next-token losses (B, L) in float32 computed through the KV cache, and its session (whose
     ``stats()`` hold the kept fraction of every query): the first token is prefilled, the rest extended `piece`
-    tokens at a time, so every key the rule rejects is really evicted on the way (cache_prune's real mode)."""
-    session = DecodeSession(decoder, rule=rule, cuda_graph=False, track_kept=True)
+    tokens at a time, so every key the rule rejects is really evicted on the way (cache_prune's real mode).
+    attention_impl: as ``DecodeSession``'s."""
+    session = DecodeSession(decoder, rule=rule, cuda_graph=False, track_kept=True, attention_impl=attention_impl)
     L = ids.shape[1] - 1
     losses = [_next_token_losses(session.prefill(list(ids[:, :1]))[:, None], ids[:, 1:2])]
     for lo in range(1, L, piece):  # tokens lo..hi-1 predict lo+1..hi

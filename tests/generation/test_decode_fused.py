@@ -65,14 +65,45 @@ def test_fused_session_within_the_same_precision_bound(attention, rule):
     assert_within_bound(got, same, reference, str(attention))
 
 
+@pytest.mark.parametrize("threshold", [-1.0, -0.3, float("-inf")])
+def test_fpa_piece_kernel_scores_a_document_as_the_einsums_do(threshold):
+    """cached_token_losses (cache_prune's real eviction) through FPA's piece kernel: pieces of 7 tokens with
+    eviction, losses within the same-precision bound of the float64 einsums and the same kept fraction of every
+    query (every bias is made in float32 from the same fields, so the same keys are evicted)."""
+    from fpa_lightning.generation.session import cached_token_losses
+    decoder = decoder_d16(seed=1, backend="fpa")
+    ids = torch.randint(0, VOCAB, (1, 30), generator=torch.Generator().manual_seed(1)).to(DEV)
+    rule = None if threshold == float("-inf") else PruneRule(threshold=threshold)
+    reference, _ = cached_token_losses(decoder, ids, rule, piece=7, attention_impl="naive")
+    fp32 = copy.deepcopy(decoder).float()
+    same, same_session = cached_token_losses(fp32, ids, rule, piece=7, attention_impl="naive")
+    got, session = cached_token_losses(fp32, ids, rule, piece=7, attention_impl="fused")
+    assert session.piece_attention_impl_used == "fpa_piece"
+    assert_within_bound(got.double(), same.double(), reference, f"threshold {threshold}")
+    kept, same_kept = session.stats()["kept_per_query"], same_session.stats()["kept_per_query"]
+    assert kept["kept_fraction_per_layer"] == same_kept["kept_fraction_per_layer"]
+    assert (kept["kept_fraction"] < 1.0) == (rule is not None)
+
+
 def test_attention_impl_resolution(monkeypatch):
     fp32 = decoder_d16(backend="fpa").float()
     assert DecodeSession(fp32).attention_impl_used == ("fused" if torch.cuda.is_available() else "naive")
     assert DecodeSession(fp32, attention_impl="naive").attention_impl_used == "naive"
-    # pieces of several tokens: the einsums under "auto", the op only when asked for
-    assert DecodeSession(fp32).piece_attention_impl_used == "naive"
+    # pieces of several tokens: FPA's piece kernel where the step's op runs and under "fused"; the einsums under
+    # "auto" and the decode op under "fused" for the layers without it (a window rule, a softmax layer)
+    assert DecodeSession(fp32).piece_attention_impl_used == ("fpa_piece" if torch.cuda.is_available() else "naive")
     assert DecodeSession(fp32, attention_impl="naive").piece_attention_impl_used == "naive"
-    assert DecodeSession(fp32, attention_impl="fused").piece_attention_impl_used == "fused"
+    assert DecodeSession(fp32, attention_impl="fused").piece_attention_impl_used == "fpa_piece"
+    threshold, window = PruneRule(threshold=-1.0), PruneRule(window=3)
+    assert DecodeSession(fp32, attention_impl="fused", rule=threshold).piece_attention_impl_used == "fpa_piece"
+    assert DecodeSession(fp32, attention_impl="fused", rule=window).piece_attention_impl_used == "fused"
+    mixed = decoder_d16(backend="fpa", bias_layers=[0]).float()
+    assert DecodeSession(mixed, attention_impl="fused").piece_impls == ["fpa_piece", "fused"]
+    assert DecodeSession(mixed, attention_impl="fused").piece_attention_impl_used == "fpa_piece+fused"
+    for attention in ({"fpa_level": "query"}, {"fpa_reduction": "dipsum"}, {"positional": "alibi"}):
+        other = decoder_d16(backend="fpa", **attention).float()
+        assert DecodeSession(other, attention_impl="fused").piece_attention_impl_used == "fused"
+    assert DecodeSession(decoder_d16(backend="fox").float(), attention_impl="fused").piece_impls == ["fused"] * 2
     with pytest.raises(ValueError, match="attention_impl must be one of"):
         DecodeSession(fp32, attention_impl="flash")
     heads_of_8 = Decoder(ModelConfig(vocab_size=VOCAB, n_layer=1, d_model=16, n_head=2, d_mlp=32, max_seq_len=32))

@@ -1,0 +1,139 @@
+"""Fused FPA piece attention (Triton, inference only): naive.py's definition without any (n, S) tensor.
+
+    fpa_piece_attention(q, k, v, key_pos, path_min, level, phi, beta, start, scale, threshold)
+        -> out (B, n, H, D) in v's dtype, kept (B, H, n) int64
+
+Shapes and meaning as in naive.py. q, k, v in bf16, fp16 or fp32 (one dtype), head dim 16, 32, 64 or 128; key_pos
+int32; path_min, level, phi, beta float32 (FPA's fields are); start int64; on one CUDA device (or any under the
+interpreter). No backward: with grad mode on, an input that requires grad raises ValueError. Anything else that does
+not fit raises ValueError; there is no silent fallback.
+
+One launch per layer replaces the reference's path-minimum table, bias, eviction mask, einsums and softmax over
+(B, H, n, S): scoring a long document with real eviction made several such tensors per layer and piece
+(BENCHMARKS.md, "Scoring with real eviction"). The piece's φ goes in as a sparse table of range minima, log₂ n
+levels of n (kernels.py says how it is read). Layout follows ops/decode: input checks here, kernels in kernels.py.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+
+from fpa_lightning.ops.common import FAR
+from fpa_lightning.ops.fpa_piece import kernels
+from fpa_lightning.ops.kernel_inputs import QKV_DTYPES, check_device, check_head_dim_and_dtype, check_scale, env_int
+from fpa_lightning.ops.kernel_inputs import with_env_overrides
+from fpa_lightning.ops.kernel_inputs import interpreting as _interpreting
+
+OP = "fpa_piece_attention"
+HEAD_DIMS = (16, 32, 64, 128)
+"""Head dims the kernel is built for."""
+
+# Test hook, for tests only: when True, the outputs start as NaN (out) and −1 (kept), so an element the kernel
+# forgets to write shows up in the result instead of hiding behind torch.empty's leftovers.
+TEST_HOOK_POISON_OUTPUTS = False
+
+# GPU launch choices, not tuned by an A/B yet: 64 queries × 64 slots per step on 4 warps, 2 stages. The interpreter:
+# 16 × 16, so its tiny tests cross query tiles and slot blocks. PIECE_BLOCK_M, PIECE_BLOCK_N, PIECE_WARPS and
+# PIECE_STAGES override them (A/B benchmarks only).
+GPU_BLOCKS, INTERPRETER_BLOCKS = (64, 64), (16, 16)
+
+
+def unsupported_reason(device: torch.device, head_dim: int, dtype: torch.dtype) -> str | None:
+    """Why ``fpa_piece_attention`` cannot run for a model on `device` with this head dim and q/k/v dtype; None if
+    it can. For callers choosing between the fused op and the reference."""
+    if device.type != "cuda" and not _interpreting():
+        return f"it needs a CUDA device (or TRITON_INTERPRET=1 before importing, the CPU interpreter), got {device}"
+    if head_dim not in HEAD_DIMS:
+        return f"the head dim must be one of {HEAD_DIMS}, got {head_dim}"
+    if dtype not in QKV_DTYPES:
+        return f"q, k, v must be bf16, fp16 or fp32, got {dtype}"
+    return None
+
+
+def _check(q, k, v, key_pos, path_min, level, phi, beta, start, scale, threshold) -> None:
+    tensors = {"q": q, "k": k, "v": v, "key_pos": key_pos, "path_min": path_min, "level": level, "phi": phi,
+               "beta": beta, "start": start}
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{OP}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if q.dim() != 4 or k.dim() != 4:
+        raise ValueError(f"{OP}: q must be (B, n, H, D) and k, v (B, H, S, D); got shapes {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}")
+    B, n, H, D = q.shape
+    S = k.shape[2]
+    if k.shape != (B, H, S, D) or v.shape != k.shape:
+        raise ValueError(f"{OP}: k and v must be (B, H, S, D) = ({B}, {H}, S, {D}) for q of shape "
+                         f"{tuple(q.shape)}; got {tuple(k.shape)}, {tuple(v.shape)}")
+    if min(B, n, H, S) < 1:
+        raise ValueError(f"{OP}: empty input: q {tuple(q.shape)}, k {tuple(k.shape)}")
+    check_head_dim_and_dtype(OP, q, k, v, HEAD_DIMS)
+    wanted = {"key_pos": ((B, H, S), torch.int32), "path_min": ((B, H, S), torch.float32),
+              "level": ((B, H, S), torch.float32), "phi": ((B, H, n), torch.float32), "beta": ((H,), torch.float32),
+              "start": ((B,), torch.int64)}
+    for name, (shape, dtype) in wanted.items():
+        t = tensors[name]
+        if tuple(t.shape) != shape or t.dtype != dtype:
+            raise ValueError(f"{OP}: {name} must be {dtype} of shape {shape}, got {t.dtype} {tuple(t.shape)}")
+    check_device(OP, tensors)
+    if scale is None:
+        raise ValueError(f"{OP}: scale must be a finite float, got None")
+    check_scale(OP, scale)
+    if not isinstance(threshold, (int, float)) or threshold != threshold or threshold == float("inf"):
+        raise ValueError(f"{OP}: threshold must be a float below +inf (−inf: no eviction), got {threshold!r}")
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors.values()):
+        raise ValueError(f"{OP}: inference only, there is no backward; call it under torch.no_grad() (or "
+                         "torch.inference_mode()), or with inputs that do not require grad")
+
+
+def range_min_table(phi: torch.Tensor) -> torch.Tensor:
+    """phi (B, H, n) -> the sparse table (B·H, LEVELS, n) float32 with [k][i] = min phi[i, i + 2^k) (FAR past n):
+    LEVELS = ⌊log₂ n⌋ + 1 minima of pairs from the level below."""
+    level = phi.reshape(-1, phi.shape[-1]).float()
+    levels, width = [level], 1
+    while 2 * width <= phi.shape[-1]:
+        shifted = torch.cat([level[:, width:], level.new_full((level.shape[0], width), FAR)], dim=-1)
+        level = torch.minimum(level, shifted)
+        levels.append(level)
+        width *= 2
+    return torch.stack(levels, dim=1).contiguous()
+
+
+def _blocks() -> tuple[int, int]:
+    block_m, block_n = INTERPRETER_BLOCKS if _interpreting() else GPU_BLOCKS
+    return env_int("PIECE_BLOCK_M") or block_m, env_int("PIECE_BLOCK_N") or block_n
+
+
+def _launch_cfg() -> dict:
+    if _interpreting():
+        return {}
+    return with_env_overrides({"num_warps": 4, "num_stages": 2}, "PIECE", (("num_warps", "WARPS"),
+                                                                           ("num_stages", "STAGES")))
+
+
+def fpa_piece_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_pos: torch.Tensor,
+                        path_min: torch.Tensor, level: torch.Tensor, phi: torch.Tensor, beta: torch.Tensor,
+                        start: torch.Tensor, scale: float, threshold: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """FPA attention of n consecutive queries over the KV cache with threshold eviction, fused: out (B, n, H, D),
+    kept (B, H, n). Same semantics as naive.py's ``fpa_piece_attention``, inference only; see the module doc."""
+    _check(q, k, v, key_pos, path_min, level, phi, beta, start, scale, threshold)
+    B, n, H, D = q.shape
+    S = k.shape[2]
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    start, beta = start.contiguous(), beta.contiguous()  # read by index: start is often a column of query_pos
+    rmq = range_min_table(phi)
+    block_m, block_n = _blocks()
+    poison = TEST_HOOK_POISON_OUTPUTS
+    out = (torch.full if poison else torch.empty)((B, n, H, D), *([float("nan")] if poison else []),
+                                                  dtype=v.dtype, device=q.device)
+    kept = (torch.full if poison else torch.empty)((B * H, n), *([-1] if poison else []), dtype=torch.int32,
+                                                   device=q.device)
+    kernels._fpa_piece_kernel[(triton.cdiv(n, block_m), B * H)](
+        q, k, v, key_pos, path_min, level, rmq, start, beta, out, kept,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), *key_pos.stride(), *path_min.stride(), *level.stride(),
+        out.stride(0), out.stride(1), out.stride(2),
+        H, n, S, rmq.shape[1], float(scale), float(threshold),
+        D=D, BLOCK_M=block_m, BLOCK_N=block_n, PREC="ieee" if q.dtype == torch.float32 else "tf32",
+        **_launch_cfg(),
+    )
+    return out, kept.view(B, H, n).long()

@@ -29,6 +29,10 @@ from fpa_lightning.ops.decode.fused import unsupported_reason as fused_decode_un
 ATTENTION_IMPLS = ("auto", "naive", "fused")
 
 SLOT_MULTIPLE = 64  # capacities are rounded up to this many slots (aligned matmuls, fewer resizes)
+PIECE_TOKENS = {"fpa_piece": 8192, "other": 512}
+"""``cached_token_losses``' default piece: FPA's piece kernel holds no (n, S) tensor, so a long piece costs memory
+only for the model's activations and logits (8192 tokens: 69.8k tokens/s on an H200 against 22k with 2048,
+docs/generation.md); the einsums and the decode op hold several (B, H, n, S) temporaries, 512 rows of them."""
 
 
 def _round_up(n: int, multiple: int = SLOT_MULTIPLE) -> int:
@@ -308,6 +312,12 @@ class DecodeSession:
             out = cached_attention(q, cache.k, cache.v, bias, visible, attn.backend.scale)
         return attn.out(out.flatten(-2))
 
+    @property
+    def default_piece(self) -> int:
+        """Tokens per ``extend`` piece when scoring a document (``cached_token_losses``): ``PIECE_TOKENS``, the long
+        pieces only where every layer runs FPA's piece kernel."""
+        return PIECE_TOKENS["fpa_piece" if set(self.piece_impls) == {"fpa_piece"} else "other"]
+
     @torch.no_grad()
     def extend(self, ids: torch.Tensor) -> torch.Tensor:
         """ids (B, n): n more tokens per row through the cache -> their logits (B, n, V)."""
@@ -391,13 +401,17 @@ class DecodeSession:
 
 
 @torch.no_grad()
-def cached_token_losses(decoder: Decoder, ids: torch.Tensor, rule: PruneRule | None, piece: int = 64,
+def cached_token_losses(decoder: Decoder, ids: torch.Tensor, rule: PruneRule | None, piece: int | None = None,
                         attention_impl: str = "auto") -> tuple[torch.Tensor, DecodeSession]:
     """ids (B, L + 1) -> next-token losses (B, L) in float32 computed through the KV cache, and its session (whose
     ``stats()`` hold the kept fraction of every query): the first token is prefilled, the rest extended `piece`
-    tokens at a time, so every key the rule rejects is really evicted on the way (cache_prune's real mode).
-    attention_impl: as ``DecodeSession``'s."""
+    tokens at a time (default: the session's ``default_piece``), so every key the rule rejects is really evicted on
+    the way (cache_prune's real mode). A key one query rejects is hidden from the piece's later queries and freed
+    after it, so the result is per-token eviction's for any piece. attention_impl: as ``DecodeSession``'s."""
     session = DecodeSession(decoder, rule=rule, cuda_graph=False, track_kept=True, attention_impl=attention_impl)
+    piece = session.default_piece if piece is None else piece
+    if piece < 1:
+        raise ValueError(f"piece must be a positive number of tokens, got {piece}")
     L = ids.shape[1] - 1
     losses = [_next_token_losses(session.prefill(list(ids[:, :1]))[:, None], ids[:, 1:2])]
     for lo in range(1, L, piece):  # tokens lo..hi-1 predict lo+1..hi

@@ -131,7 +131,7 @@ def check_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Non
             parser.error(f"--{option.replace('_', '-')} does not apply to --task {args.task} "
                          f"(used by: {', '.join(users)})")
     for option in ("max_docs", "trials", "max_len", "min_tokens", "seq_len", "batch_size", "window", "n_boot",
-                   "block_rows"):
+                   "block_rows", "piece_tokens"):
         value = getattr(args, option)
         if value is not None and value < 1:
             parser.error(f"--{option.replace('_', '-')} must be a positive integer, got {value}")

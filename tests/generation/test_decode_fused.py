@@ -104,6 +104,10 @@ def test_attention_impl_resolution(monkeypatch):
         other = decoder_d16(backend="fpa", **attention).float()
         assert DecodeSession(other, attention_impl="fused").piece_attention_impl_used == "fused"
     assert DecodeSession(decoder_d16(backend="fox").float(), attention_impl="fused").piece_impls == ["fused"] * 2
+    # scoring pieces (cached_token_losses): long ones only where every layer runs the piece kernel
+    assert DecodeSession(fp32, attention_impl="fused").default_piece == 8192
+    assert DecodeSession(mixed, attention_impl="fused").default_piece == 512
+    assert DecodeSession(fp32, attention_impl="naive").default_piece == 512
     with pytest.raises(ValueError, match="attention_impl must be one of"):
         DecodeSession(fp32, attention_impl="flash")
     heads_of_8 = Decoder(ModelConfig(vocab_size=VOCAB, n_layer=1, d_model=16, n_head=2, d_mlp=32, max_seq_len=32))

@@ -102,6 +102,43 @@ def test_a_threshold_above_every_bias_keeps_only_the_query_s_own_key():
     assert (kept == 1).all()
 
 
+def pad_with_free_slots(inputs, extra: int, seed: int = 0):
+    """The cache of `inputs` with `extra` free slots at the end (garbage K, V and fields), as a cache grown ahead of
+    the keys it holds: whole blocks of free slots."""
+    q, k, v, key_pos, path_min, level, phi, beta, start = inputs
+    gen = torch.Generator().manual_seed(seed)
+    B, H, _, D = k.shape
+    garbage = lambda *shape: torch.randn(*shape, generator=gen, dtype=k.dtype)  # noqa: E731
+    k, v = (torch.cat([t, garbage(B, H, extra, D)], dim=2) for t in (k, v))
+    key_pos = torch.cat([key_pos, torch.full((B, H, extra), -1, dtype=key_pos.dtype)], dim=-1)
+    path_min, level = (torch.cat([t, garbage(B, H, extra).float()], dim=-1) for t in (path_min, level))
+    return [q, k, v, key_pos, path_min, level, phi, beta, start]
+
+
+@pytest.mark.parametrize("threshold", [float("-inf"), -0.3])
+def test_blocks_of_free_slots_and_of_evicted_keys_add_nothing(threshold):
+    # 40 slots in use, then 3 blocks of free slots and a partial one; at −0.3 most older keys are evicted, so
+    # whole blocks have no key any query of a tile keeps
+    inputs, scale = make_cache(2, 19, 3, 40, 16, seed=10, free=0.1)
+    padded = pad_with_free_slots(inputs, 57)
+    kept = check_against_reference(padded, scale, threshold, torch.float32)
+    assert torch.equal(kept, check_against_reference(inputs, scale, threshold, torch.float32))
+
+
+def test_a_block_holding_only_the_first_key_is_read():
+    # the first key (position 0, often the one every head keeps) alone in a block of free slots
+    inputs, scale = make_cache(1, 5, 2, 32, 16, seed=11, start=[40], free=0.2)
+    q, k, v, key_pos, path_min, level, phi, beta, start = inputs
+    key_pos = key_pos.masked_fill(key_pos == 0, -1)
+    front = torch.full((1, 2, 16), -1, dtype=key_pos.dtype)
+    front[..., 5] = 0
+    k, v = (torch.cat([t[:, :, :16], t], dim=2) for t in (k, v))
+    path_min, level = (torch.cat([t[..., :16], t], dim=-1) for t in (path_min, level))
+    padded = [q, k, v, torch.cat([front, key_pos], dim=-1), path_min, level, phi, beta, start]
+    kept = check_against_reference(padded, scale, float("-inf"), torch.float32)
+    assert (kept == (padded[3] >= 0).sum(-1, keepdim=True) - 4 + torch.arange(5)).all()  # everything, causally
+
+
 def test_rows_with_different_starts_and_a_piece_larger_than_the_past():
     # row 0's piece starts at position 3 (most slots free), row 1's at 40; n = 33 crosses three query tiles
     inputs, scale = make_cache(2, 33, 2, 80, 16, seed=5, start=[3, 40], free=0.5)

@@ -18,7 +18,7 @@ from fpa_lightning.evaluation.passkey import PasskeyBuilder
 from fpa_lightning.evaluation.scoring import Runtime, check_vocab, token_losses
 from fpa_lightning.evaluation.stats import clopper_pearson
 from fpa_lightning.generation.rule import PruneRule, check_rule
-from fpa_lightning.generation.session import cached_token_losses
+from fpa_lightning.generation.session import PIECE_TOKENS, cached_token_losses
 from modules.evaluation.progress import Progress, Work, start, timed
 from modules.evaluation.tasks.common import Task, TaskOutput, errorbar, intervals, label
 from modules.evaluation.tasks.passkey import DEFAULT_TRIALS, score_all
@@ -34,7 +34,7 @@ def run(args: argparse.Namespace, models: list[LoadedModel], runtime: Runtime, d
     return cache_prune(models, runtime, data, args.lengths or DEFAULT_LENGTHS,
                        args.thresholds or DEFAULT_THRESHOLDS, args.window, passkey_lengths,
                        args.trials or DEFAULT_TRIALS, args.max_docs, real_eviction=bool(args.real_eviction),
-                       block_rows=args.block_rows or DEFAULT_BLOCK_ROWS)
+                       block_rows=args.block_rows or DEFAULT_BLOCK_ROWS, piece_tokens=args.piece_tokens)
 
 
 def add_arguments(group) -> None:
@@ -42,10 +42,13 @@ def add_arguments(group) -> None:
                        "document through the real KV cache (keys evicted from storage) and report its loss and kept "
                        "fraction beside the simulation's, on the same documents")
     group.add_argument("--block-rows", type=int, help="cache_prune: query rows per block of the pruning simulation "
-                       "and, with --real-eviction, per decoding pass through the KV cache (keys a query rejects are "
-                       "hidden from the later queries of its block and freed after it, so the results equal "
-                       f"per-token eviction) (default {DEFAULT_BLOCK_ROWS}); the results do not depend on it, its "
-                       "memory grows with it (batch × heads × rows × length per temporary)")
+                       f"(default {DEFAULT_BLOCK_ROWS}); the results do not depend on it, its memory grows with it "
+                       "(batch × heads × rows × length per temporary)")
+    group.add_argument("--piece-tokens", type=int, help="cache_prune --real-eviction: tokens per decoding pass "
+                       "through the KV cache (keys a query rejects are hidden from the later queries of its piece and "
+                       "freed after it, so the results equal per-token eviction) (default: "
+                       f"{PIECE_TOKENS['fpa_piece']} where every layer runs FPA's piece kernel, which holds no "
+                       f"rows × keys tensor, else {PIECE_TOKENS['other']}); the results do not depend on it")
 
 
 def check(args: argparse.Namespace, models: list[LoadedModel]) -> None:
@@ -87,24 +90,38 @@ def _work(models: list[LoadedModel], docs_at: dict, n_rules: int, window: int | 
     return work
 
 
-def _real_eviction_paths(models: list[LoadedModel], thresholds: list[float], window: int | None,
-                         lengths: list[int], runtime: Runtime, block_rows: int) -> list[tuple]:
-    """(decoder, score) per model: decoding through the KV cache under one of its rules, for the time estimate (a
-    biased model's first threshold; without a bias the given window, or a quarter of the shortest length)."""
-    paths = []
-    for m in models:
-        rule = (PruneRule(threshold=thresholds[0]) if has_bias(m)
-                else PruneRule(window=window or max(1, min(lengths) // 4)))
-        paths.append((m.decoder, lambda decoder, ids, rule=rule: _decoded_losses(decoder, ids, rule, runtime,
-                                                                                 block_rows)))
-    return paths
+def _calibration_rule(model: LoadedModel, thresholds: list[float], window: int | None, lengths: list[int]) -> PruneRule:
+    """The rule a model's passes are timed with: a biased model's first threshold; without a bias the given window,
+    or a quarter of the shortest length."""
+    if has_bias(model):
+        return PruneRule(threshold=thresholds[0])
+    return PruneRule(window=window or max(1, min(lengths) // 4))
 
 
-def _decoded_losses(decoder, ids: torch.Tensor, rule: PruneRule, runtime: Runtime, block_rows: int) -> tuple:
-    """ids (1, L + 1) through the real KV cache under `rule`, `block_rows` queries per pass: ``cached_token_losses``'
-    losses (1, L) and session."""
+def _hooked_losses(models: list[LoadedModel], rules: list[PruneRule], runtime: Runtime, block_rows: int):
+    """The score the task's simulated passes are timed with: ``token_losses`` on the hooked path with the model's
+    rule, in blocks of `block_rows` query rows, as ``_doc_losses`` runs them, not the model's own path in its
+    configured blocks, whose cost differs."""
+    rule_of = {id(m.decoder): rule for m, rule in zip(models, rules)}
+
+    def score(decoder, ids: torch.Tensor) -> np.ndarray:
+        with pruned_cache(decoder, rule_of[id(decoder)], block_rows):
+            return token_losses(decoder, ids, runtime)
+    return score
+
+
+def _real_eviction_paths(models: list[LoadedModel], rules: list[PruneRule], runtime: Runtime,
+                         piece_tokens: int | None) -> list[tuple]:
+    """(decoder, score) per model: decoding through the KV cache under its calibration rule, for the estimate."""
+    return [(m.decoder, lambda decoder, ids, rule=rule: _decoded_losses(decoder, ids, rule, runtime, piece_tokens))
+            for m, rule in zip(models, rules)]
+
+
+def _decoded_losses(decoder, ids: torch.Tensor, rule: PruneRule, runtime: Runtime, piece_tokens: int | None) -> tuple:
+    """ids (1, L + 1) through the real KV cache under `rule`, `piece_tokens` queries per pass (None: the session's
+    default): ``cached_token_losses``' losses (1, L) and session."""
     with runtime.autocast():
-        return cached_token_losses(decoder, ids.to(runtime.device), rule, piece=block_rows)
+        return cached_token_losses(decoder, ids.to(runtime.device), rule, piece=piece_tokens)
 
 
 def _rules(model: LoadedModel, thresholds: list[float], partner_fractions: list[float] | None,
@@ -129,21 +146,23 @@ def check_prune_setup(models: list[LoadedModel], window: int | None) -> None:
 def cache_prune(models: list[LoadedModel], runtime: Runtime, data: EvalData, lengths: list[int],
                 thresholds: list[float], window: int | None, passkey_lengths: list[int], n_trials: int,
                 max_docs: int | None, real_eviction: bool = False,
-                block_rows: int = DEFAULT_BLOCK_ROWS) -> TaskOutput:
+                block_rows: int = DEFAULT_BLOCK_ROWS, piece_tokens: int | None = None) -> TaskOutput:
     """Loss increase from dropping keys whose bias fell below each threshold (bootstrap over documents, paired
     with the unpruned pass on the same chunked path) and the mean fraction of keys kept; softmax gets a
     sliding window of the same mean kept fraction. Then pass-key success with the first threshold.
-    real_eviction: each rule's row also gets ``real_eviction``, the same documents decoded through the KV cache."""
+    real_eviction: each rule's row also gets ``real_eviction``, the same documents decoded through the KV cache,
+    `piece_tokens` per pass (None: the session's default)."""
     check_prune_setup(models, window)
     order = sorted(range(len(models)), key=lambda i: not has_bias(models[i]))  # biased models first
     per_length, scalars = [], {}
     docs_at = {length: data.long_documents(length + 1, length + 1, max_docs) for length in lengths}
     builder = PasskeyBuilder(data.tokenizer, data.bos_id)
     passkey_sizes = [t.length for n in passkey_lengths for t in builder.trials(n, n_trials, runtime.seed)]
+    calibration_rules = [_calibration_rule(m, thresholds, window, lengths) for m in models]
     bar = start("cache_prune", [m.decoder for m in models],
-                _work(models, docs_at, len(thresholds), window, passkey_sizes, real_eviction), runtime.losses,
-                paths=_real_eviction_paths(models, thresholds, window, lengths, runtime, block_rows)
-                if real_eviction else (),
+                _work(models, docs_at, len(thresholds), window, passkey_sizes, real_eviction),
+                _hooked_losses(models, calibration_rules, runtime, block_rows),
+                paths=_real_eviction_paths(models, calibration_rules, runtime, piece_tokens) if real_eviction else (),
                 shorten="fewer --max-docs, --lengths, --thresholds, --passkey-lengths or --trials",
                 unit="passes")
     for length, docs in docs_at.items():
@@ -162,7 +181,7 @@ def cache_prune(models: list[LoadedModel], runtime: Runtime, data: EvalData, len
                              "increase": intervals(losses - base, runtime)[0].as_dict(), **kept})
                 if real_eviction:
                     rows[-1]["real_eviction"] = _real_eviction(m, docs, rule, runtime, base, losses, bar,
-                                                                len(models) + i, block_rows)
+                                                                len(models) + i, piece_tokens)
                     scalars[f"cache_prune/{'AB'[i]}_real_kept/{length}/{_rule_tag(rule)}"] = \
                         rows[-1]["real_eviction"]["kept_fraction"]
                 scalars[f"cache_prune/{'AB'[i]}_increase/{length}/{_rule_tag(rule)}"] = rows[-1]["increase"]["estimate"]
@@ -183,20 +202,21 @@ def cache_prune(models: list[LoadedModel], runtime: Runtime, data: EvalData, len
 
 
 def _real_eviction(model: LoadedModel, docs: list, rule: PruneRule, runtime: Runtime, base: np.ndarray,
-                   simulated: np.ndarray, bar: Progress, path: int, block_rows: int) -> dict:
+                   simulated: np.ndarray, bar: Progress, path: int, piece_tokens: int | None) -> dict:
     """The documents through the real KV cache under `rule`: loss, increase over the unpruned pass, kept fraction
     (every query, as the simulation counts it), allocated cache bytes at the end, the largest difference of a
     document's loss from the simulation's (rounding only: the two compute the same thing), the attention over
-    the cache that ran (``DecodeSession.piece_attention_impl_used``), and the tokens scored per second of this path
-    alone (synchronised wall time, the speed issue #25 sets a goal for)."""
-    losses, kept, cache_bytes, impls = [], [], [], set()
+    the cache that ran (``DecodeSession.piece_attention_impl_used``) and its tokens per piece, and the tokens scored
+    per second of this path alone (synchronised wall time, the speed issue #25 sets a goal for)."""
+    losses, kept, cache_bytes, impls, pieces = [], [], [], set(), set()
     tokens, seconds = 0, 0.0
     for doc in docs:
         (per_token, session), took = timed(runtime.device, _decoded_losses, model.decoder, doc[None], rule, runtime,
-                                           block_rows)
+                                           piece_tokens)
         seconds += took
         tokens += per_token.numel()
         impls.add(session.piece_attention_impl_used)
+        pieces.add(session.default_piece if piece_tokens is None else piece_tokens)
         losses.append(float(per_token.mean()))
         bar.advance(doc.numel(), path)
         stats = session.stats()
@@ -206,7 +226,7 @@ def _real_eviction(model: LoadedModel, docs: list, rule: PruneRule, runtime: Run
     return {"loss": intervals(losses, runtime)[0].as_dict(), "increase": intervals(losses - base, runtime)[0].as_dict(),
             "kept_fraction": float(np.mean(kept)), "cache_bytes": float(np.mean(cache_bytes)),
             "max_abs_difference_from_simulation": float(np.abs(losses - simulated).max()),
-            "attention_impl": ", ".join(sorted(impls)), "tokens": tokens, "seconds": seconds,
+            "attention_impl": ", ".join(sorted(impls)), "piece_tokens": sorted(pieces), "tokens": tokens, "seconds": seconds,
             "tokens_per_second": tokens / max(seconds, 1e-9)}
 
 
@@ -259,7 +279,7 @@ def _plot_prune(results: dict) -> plt.Figure:
 
 TASK = Task("loss increase and kept fraction when keys whose bias fell below a threshold are dropped",
             frozenset({"lengths", "trials", "thresholds", "window", "passkey_lengths", "max_docs", "data",
-                       "real_eviction", "block_rows"}), run, check=check, impl="chunked", add_arguments=add_arguments,
+                       "real_eviction", "block_rows", "piece_tokens"}), run, check=check, impl="chunked", add_arguments=add_arguments,
             option_help={
                 "lengths": f"cache_prune: evaluation lengths (default {' '.join(map(str, DEFAULT_LENGTHS))})",
                 "trials": f"cache_prune: pass-key trials per length under pruning (default {DEFAULT_TRIALS})",

@@ -354,6 +354,8 @@ def test_bad_arguments_are_clear_errors(tmp_path, ckpts, capsys):
         (["--task", "passkey", "--ckpt", fpa, "--margin", "0.01"], "--margin does not apply to --task passkey"),
         (["--task", "test_loss", "--ckpt", fpa, "--margin", "0.01"], "--margin needs --compare"),
         (["--task", "cache_prune", "--ckpt", fpa, "--block-rows", "0"], "--block-rows must be a positive integer, got 0"),
+        (["--task", "cache_prune", "--ckpt", fpa, "--piece-tokens", "0"], "--piece-tokens must be a positive integer"),
+        (["--task", "passkey", "--ckpt", fpa, "--piece-tokens", "8"], "--piece-tokens does not apply to --task passkey"),
         (["--task", "passkey", "--ckpt", fpa, "--lengths", "0"], "--lengths has invalid values [0]"),
         (["--task", "cache_prune", "--ckpt", fpa, "--thresholds", "nan"], "--thresholds: prune_threshold must be a number"),
         (["--task", "cache_prune", "--ckpt", fpa, "--thresholds", "-5", "2"], "--thresholds: prune_threshold must be <= 0"),

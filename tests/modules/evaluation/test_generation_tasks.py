@@ -53,7 +53,7 @@ def test_generate_is_greedy_decoding(tmp_path, ckpts, tokenizer, capsys):
 def test_cache_prune_real_eviction_matches_the_simulation(tmp_path, ckpts, capsys):
     r = run(tmp_path, "cp", "--task", "cache_prune", "--ckpt", ckpts["fpa"], "--compare", ckpts["sdpa"],
             "--lengths", "80", "--thresholds", "-2", "--passkey-lengths", "--max-docs", "2", "--real-eviction",
-            "--block-rows", "24")  # 80 queries in 4 decoding passes (blocks end mid-document)
+            "--block-rows", "32", "--piece-tokens", "24")  # 80 queries in 4 decoding passes (ending mid-document)
     # the estimate and the bar count the decoding passes too: per model 2 documents unpruned, under the rule, and
     # through the KV cache under the rule; the bar's last line has every pass done, then the time against the estimate
     lines = capsys.readouterr().err.splitlines()
@@ -66,7 +66,8 @@ def test_cache_prune_real_eviction_matches_the_simulation(tmp_path, ckpts, capsy
         assert real["kept_fraction"] == pytest.approx(row["kept_fraction"], abs=1e-5) and real["kept_fraction"] < 1
         assert real["max_abs_difference_from_simulation"] < 1e-4  # float32 rounding only
         assert real["loss"]["estimate"] == pytest.approx(row["loss"]["estimate"], abs=1e-4)
-        assert real["attention_impl"] == "naive"  # "auto" scores pieces with the einsums, on any device
+        assert real["attention_impl"] == "naive"  # "auto" scores pieces with the einsums on a CPU
+        assert real["piece_tokens"] == [24]
         assert real["tokens"] == 2 * 80 and real["tokens_per_second"] == pytest.approx(160 / real["seconds"])
 
 

@@ -66,8 +66,9 @@ def calibrate(decoder: Decoder, length: int, score: Callable[[Decoder, torch.Ten
     or, when the task's ``longest`` item is longer than ``length``, at length and longest, so that every item's
     cost is interpolated between two measured lengths rather than extrapolated from short ones (extrapolated
     from 1024 and 2048 tokens to 8192, cache_prune's estimate was 3.6 times its real time on an H200:
-    docs/evaluation.md). Untimed passes at 16 and at ``length`` come first, so that first-call costs (the allocator
-    growing, kernels chosen for a new shape) stay out of the fit."""
+    docs/evaluation.md). Untimed passes at every length timed (16, short and long) come first, so that first-call
+    costs (the allocator growing, kernels chosen or compiled for a new shape) stay out of the fit: a Triton kernel
+    compiled during the one timed pass at the longest length made an H200 estimate 2.6 times the real time."""
     device = next(decoder.parameters()).device
 
     def seconds(tokens: int) -> float:
@@ -75,8 +76,8 @@ def calibrate(decoder: Decoder, length: int, score: Callable[[Decoder, torch.Ten
 
     short, long = (length, longest) if longest is not None and longest > length else (max(2, length // 2), length)
     tiny = min(16, short)
-    seconds(tiny)
-    seconds(length)
+    for warm_up in sorted({tiny, short, long}):
+        seconds(warm_up)
     return CostModel.fit(short, seconds(short), long, seconds(long), constant=seconds(tiny))
 
 

@@ -31,8 +31,9 @@ ATTENTION_IMPLS = ("auto", "naive", "fused")
 SLOT_MULTIPLE = 64  # capacities are rounded up to this many slots (aligned matmuls, fewer resizes)
 PIECE_TOKENS = {"fpa_piece": 8192, "other": 512}
 """``cached_token_losses``' default piece: FPA's piece kernel holds no (n, S) tensor, so a long piece costs memory
-only for the model's activations and logits (8192 tokens: 69.8k tokens/s on an H200 against 22k with 2048,
-docs/generation.md); the einsums and the decode op hold several (B, H, n, S) temporaries, 512 rows of them."""
+only for the model's activations and logits (8192-token books on an H200: 69.8k tokens/s in pieces of 8192,
+42.9k in pieces of 2048; BENCHMARKS.md, "Scoring with real eviction"); the einsums and the decode op hold several
+(B, H, n, S) temporaries, so 512 rows of them."""
 
 
 def _round_up(n: int, multiple: int = SLOT_MULTIPLE) -> int:

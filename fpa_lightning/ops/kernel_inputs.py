@@ -36,6 +36,23 @@ def check_qkv(op: str, q, k, v, head_dims: tuple[int, ...], others: dict | None 
     return B, T, H, D
 
 
+def check_cached_qkv(op: str, q, k, v, head_dims: tuple[int, ...]) -> tuple[int, int, int, int, int]:
+    """The decode ops' queries and KV cache: q (B, n, H, D) and k, v (B, H, S, D) tensors (checked to be tensors
+    by the caller), non-empty, D in head_dims, one dtype of QKV_DTYPES. Returns (B, n, H, D, S)."""
+    if q.dim() != 4 or k.dim() != 4:
+        raise ValueError(f"{op}: q must be (B, n, H, D) and k, v (B, H, S, D); got shapes {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}")
+    B, n, H, D = q.shape
+    S = k.shape[2]
+    if k.shape != (B, H, S, D) or v.shape != k.shape:
+        raise ValueError(f"{op}: k and v must be (B, H, S, D) = ({B}, {H}, S, {D}) for q of shape "
+                         f"{tuple(q.shape)}; got {tuple(k.shape)}, {tuple(v.shape)}")
+    if min(B, n, H, S) < 1:
+        raise ValueError(f"{op}: empty input: q {tuple(q.shape)}, k {tuple(k.shape)}")
+    check_head_dim_and_dtype(op, q, k, v, head_dims)
+    return B, n, H, D, S
+
+
 def check_head_dim_and_dtype(op: str, q, k, v, head_dims: tuple[int, ...]) -> None:
     """q's last dim (the head dim) in head_dims, and q, k, v of one dtype of QKV_DTYPES."""
     D = q.shape[-1]

@@ -27,6 +27,7 @@ for e in r['results']['lengths']:
   x=e['models'][0]['rules'][0].get('real_eviction', {}); print('$2', e['length'], x.get('kept_fraction'), round(x.get('tokens_per_second')), x.get('max_abs_difference_from_simulation'), x.get('attention_impl'))"
 }
 ev .snap new_512 512; ev .snap new_2048 2048; ev .snap_old old_2048 2048; ev .snap new_8192 8192
+# .gpu/evict_profile.py then = docs/benchmarks/evict_profile_2026-12-03/evict_profile.py with the pieces 512 2048 8192
 timeout 80 python3 $ROOT/.gpu/evict_profile.py "$ck" > $R/evict_profile.log 2>&1; echo "profile rc $? at $SECONDS s"
 head -c 2500 $R/evict_profile.log
 cd /tmp && tar czf $OUT/call2.tgz r

@@ -8,7 +8,7 @@ m = load_decoder(sys.argv[1], torch.device("cuda"))
 dec = m.decoder
 ids = torch.randint(3, dec.cfg.vocab_size, (1, 8193), device="cuda")
 rule = PruneRule(threshold=-10.0)
-for piece in (512, 2048):
+for piece in [int(p) for p in sys.argv[2:]] or [512, 2048]:  # pieces: the arguments after the checkpoint
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
         cached_token_losses(dec, ids, rule, piece=piece); torch.cuda.synchronize()
         t = time.perf_counter(); cached_token_losses(dec, ids, rule, piece=piece); torch.cuda.synchronize()

@@ -25,7 +25,7 @@ import torch
 import triton
 
 from fpa_lightning.ops.decode import kernels
-from fpa_lightning.ops.kernel_inputs import QKV_DTYPES, check_device, check_head_dim_and_dtype, check_scale, env_int
+from fpa_lightning.ops.kernel_inputs import QKV_DTYPES, check_cached_qkv, check_device, check_scale, env_int
 from fpa_lightning.ops.kernel_inputs import with_env_overrides
 from fpa_lightning.ops.kernel_inputs import interpreting as _interpreting
 
@@ -102,17 +102,7 @@ def _check(q, k, v, bias, visible, scale) -> None:
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{OP}: {name} must be a torch.Tensor{' or None' if name == 'bias' else ''}, "
                              f"got {type(t).__name__}")
-    if q.dim() != 4 or k.dim() != 4:
-        raise ValueError(f"{OP}: q must be (B, n, H, D) and k, v (B, H, S, D); got shapes {tuple(q.shape)}, "
-                         f"{tuple(k.shape)}")
-    B, n, H, D = q.shape
-    S = k.shape[2]
-    if k.shape != (B, H, S, D) or v.shape != k.shape:
-        raise ValueError(f"{OP}: k and v must be (B, H, S, D) = ({B}, {H}, S, {D}) for q of shape {tuple(q.shape)}; "
-                         f"got {tuple(k.shape)}, {tuple(v.shape)}")
-    if min(B, n, H, S) < 1:
-        raise ValueError(f"{OP}: empty input: q {tuple(q.shape)}, k {tuple(k.shape)}")
-    check_head_dim_and_dtype(OP, q, k, v, HEAD_DIMS)
+    B, n, H, D, S = check_cached_qkv(OP, q, k, v, HEAD_DIMS)
     if bias is not None:
         if bias.dim() != 4 or bias.shape[1] not in (1, H) or bias.shape[0] != B or bias.shape[2:] != (n, S):
             raise ValueError(f"{OP}: bias must be None or (B, H or 1, n, S) = ({B}, {H} or 1, {n}, {S}), got "

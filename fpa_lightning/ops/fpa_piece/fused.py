@@ -20,7 +20,7 @@ import triton
 
 from fpa_lightning.ops.common import FAR
 from fpa_lightning.ops.fpa_piece import kernels
-from fpa_lightning.ops.kernel_inputs import QKV_DTYPES, check_device, check_head_dim_and_dtype, check_scale, env_int
+from fpa_lightning.ops.kernel_inputs import QKV_DTYPES, check_cached_qkv, check_device, check_scale, env_int
 from fpa_lightning.ops.kernel_inputs import with_env_overrides
 from fpa_lightning.ops.kernel_inputs import interpreting as _interpreting
 
@@ -57,17 +57,7 @@ def _check(q, k, v, key_pos, path_min, level, phi, beta, start, scale, threshold
     for name, t in tensors.items():
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{OP}: {name} must be a torch.Tensor, got {type(t).__name__}")
-    if q.dim() != 4 or k.dim() != 4:
-        raise ValueError(f"{OP}: q must be (B, n, H, D) and k, v (B, H, S, D); got shapes {tuple(q.shape)}, "
-                         f"{tuple(k.shape)}")
-    B, n, H, D = q.shape
-    S = k.shape[2]
-    if k.shape != (B, H, S, D) or v.shape != k.shape:
-        raise ValueError(f"{OP}: k and v must be (B, H, S, D) = ({B}, {H}, S, {D}) for q of shape "
-                         f"{tuple(q.shape)}; got {tuple(k.shape)}, {tuple(v.shape)}")
-    if min(B, n, H, S) < 1:
-        raise ValueError(f"{OP}: empty input: q {tuple(q.shape)}, k {tuple(k.shape)}")
-    check_head_dim_and_dtype(OP, q, k, v, HEAD_DIMS)
+    B, n, H, D, S = check_cached_qkv(OP, q, k, v, HEAD_DIMS)
     wanted = {"key_pos": ((B, H, S), torch.int32), "path_min": ((B, H, S), torch.float32),
               "level": ((B, H, S), torch.float32), "phi": ((B, H, n), torch.float32), "beta": ((H,), torch.float32),
               "start": ((B,), torch.int64)}

@@ -36,6 +36,18 @@ def check_qkv(op: str, q, k, v, head_dims: tuple[int, ...], others: dict | None 
     return B, T, H, D
 
 
+def unsupported_reason(device: torch.device, head_dim: int, dtype: torch.dtype, head_dims: tuple[int, ...]) -> str | None:
+    """Why a Triton op built for `head_dims` cannot run for a model on `device` with this head dim and q/k/v dtype;
+    None if it can (each op's ``unsupported_reason`` passes its own head dims)."""
+    if device.type != "cuda" and not interpreting():
+        return f"it needs a CUDA device (or TRITON_INTERPRET=1 before importing, the CPU interpreter), got {device}"
+    if head_dim not in head_dims:
+        return f"the head dim must be one of {head_dims}, got {head_dim}"
+    if dtype not in QKV_DTYPES:
+        return f"q, k, v must be bf16, fp16 or fp32, got {dtype}"
+    return None
+
+
 def check_cached_qkv(op: str, q, k, v, head_dims: tuple[int, ...]) -> tuple[int, int, int, int, int]:
     """The decode ops' queries and KV cache: q (B, n, H, D) and k, v (B, H, S, D) tensors (checked to be tensors
     by the caller), non-empty, D in head_dims, one dtype of QKV_DTYPES. Returns (B, n, H, D, S)."""

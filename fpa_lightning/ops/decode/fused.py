@@ -25,7 +25,8 @@ import torch
 import triton
 
 from fpa_lightning.ops.decode import kernels
-from fpa_lightning.ops.kernel_inputs import QKV_DTYPES, check_cached_qkv, check_device, check_scale, env_int
+from fpa_lightning.ops.kernel_inputs import check_cached_qkv, check_device, check_scale, env_int
+from fpa_lightning.ops.kernel_inputs import unsupported_reason as kernel_unsupported_reason
 from fpa_lightning.ops.kernel_inputs import with_env_overrides
 from fpa_lightning.ops.kernel_inputs import interpreting as _interpreting
 
@@ -87,13 +88,7 @@ def _empty(shape, *, dtype, device):
 def unsupported_reason(device: torch.device, head_dim: int, dtype: torch.dtype) -> str | None:
     """Why ``decode_attention`` cannot run for a model on `device` with this head dim and q/k/v dtype; None if it
     can. For callers choosing between the fused op and the reference."""
-    if device.type != "cuda" and not _interpreting():
-        return f"it needs a CUDA device (or TRITON_INTERPRET=1 before importing, the CPU interpreter), got {device}"
-    if head_dim not in HEAD_DIMS:
-        return f"the head dim must be one of {HEAD_DIMS}, got {head_dim}"
-    if dtype not in QKV_DTYPES:
-        return f"q, k, v must be bf16, fp16 or fp32, got {dtype}"
-    return None
+    return kernel_unsupported_reason(device, head_dim, dtype, HEAD_DIMS)
 
 
 def _check(q, k, v, bias, visible, scale) -> None:

@@ -10,8 +10,9 @@ threshold (a running minimum: it was never rejected before either), its path min
 of each head sit in position order at the front of its slots, then the free ones; the piece's own n keys take the
 first free slots, as ``LayerCache.write`` gives them. The capacity S is the most any head needs, rounded up to 64
 slots (one capacity for all heads, as the session has). --dense-heads K: the first K heads keep every past key (as
-a head with a small β does), so S is about past + n and the other heads' slots are mostly free. bf16 q, k, v; median of triton's do_bench. Prints ms, the
-ratio to flash from the same process, and the kept fraction of the cache.
+a head with a small β does), so S is about past + n and the other heads' slots are mostly free. bf16 q, k, v;
+median of triton's do_bench. Prints ms, the ratio to flash from the same process, and the kept fraction of the
+cache.
 """
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from fpa_lightning.attention.base import AttentionBackend
 from fpa_lightning.ops.alibi import alibi_cumulative, alibi_slopes
-from fpa_lightning.ops.common import FAR, at_least_fp32, cumsum_within_documents, document_first_tokens
+from fpa_lightning.ops.common import FAR, FREE, at_least_fp32, cumsum_within_documents, document_first_tokens
 from fpa_lightning.ops.dcp import dcp_attention_fused, dcp_bias, dcp_bias_block, log_keep
 from fpa_lightning.ops.dcp.fused import HEAD_DIMS as DCP_FUSED_HEAD_DIMS
 from fpa_lightning.ops.dcp.fused import INTERACTION_DIMS as DCP_FUSED_INTERACTION_DIMS
@@ -239,8 +239,10 @@ class FpaBackend(AttentionBackend):
         out, kept = fpa_piece.fpa_piece_attention(q, cache.k, cache.v, cache.key_pos, stored, level,
                                                   phi_h.contiguous(), beta, start, self.scale, threshold)
         stored.copy_(path_min_after(stored, phi_h, cache.key_pos, start))
+        if threshold == float("-inf"):
+            return out, kept, None
         last = query_pos[:, -1][:, None, None]  # (B, 1, 1): after the last query, as the kernel decided
-        evicted = ((cache.key_pos != -1) & (cache.key_pos < last)
+        evicted = ((cache.key_pos != FREE) & (cache.key_pos < last)
                    & (beta[:, None] * (stored - level).clamp(max=0) < threshold))
         return out, kept, evicted
 

@@ -254,7 +254,8 @@ class AttentionBackend(nn.Module):
                            cache, threshold: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """n new tokens over the cache in one kernel, for a backend with ``has_piece_kernel``: their attention
         output (B, n, H, D), how many keys each query kept (B, H, n), and the keys the threshold evicts for good
-        (B, H, S) (−inf: none). The state is advanced as ``decode_bias`` advances it; the keys are already cached."""
+        (B, H, S), None for the threshold −inf. The state is advanced as ``decode_bias`` advances it; the keys are
+        already cached."""
         raise NotImplementedError(f"{type(self).__name__} has no fused piece kernel (has_piece_kernel is False)")
 
     def decode_prefill_state(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor,

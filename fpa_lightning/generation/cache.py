@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 import torch
 
 from fpa_lightning.attention.base import DecodeState
+from fpa_lightning.ops.common import FREE
 
-FREE = -1  # key_pos of a free slot
 
 
 def _gather_slots(store: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:

@@ -286,7 +286,8 @@ class DecodeSession:
         if impl == "fpa_piece":
             threshold = float("-inf") if self.rule is None else self.rule.threshold
             out, kept, evicted = attn.backend.decode_piece_fused(x, q, k, query_pos, cache, threshold)
-            cache.free(evicted)
+            if evicted is not None:
+                cache.free(evicted)
             if self.counter is not None:
                 self.counter.add(layer, kept, query_pos)
             return attn.out(out.flatten(-2))

@@ -11,6 +11,8 @@ import torch
 # (0·inf) in the backward pass. The Triton kernels use the same value.
 FAR = 1e30
 
+FREE = -1  # a KV cache slot's key position when it holds no key (generation/cache.py; the FPA piece op reads it)
+
 
 def at_least_fp32(t: torch.Tensor) -> torch.Tensor:
     """t in float32 at least (float64 stays float64), whatever autocast did to it."""

@@ -36,7 +36,8 @@ def check_qkv(op: str, q, k, v, head_dims: tuple[int, ...], others: dict | None 
     return B, T, H, D
 
 
-def unsupported_reason(device: torch.device, head_dim: int, dtype: torch.dtype, head_dims: tuple[int, ...]) -> str | None:
+def unsupported_reason(device: torch.device, head_dim: int, dtype: torch.dtype,
+                       head_dims: tuple[int, ...]) -> str | None:
     """Why a Triton op built for `head_dims` cannot run for a model on `device` with this head dim and q/k/v dtype;
     None if it can (each op's ``unsupported_reason`` passes its own head dims)."""
     if device.type != "cuda" and not interpreting():

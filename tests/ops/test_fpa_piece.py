@@ -25,7 +25,8 @@ DEV = "cuda" if HAS_CUDA else "cpu"
 def make_cache(B, n, H, S, D, *, seed=0, start=None, free=0.3, device="cpu"):
     """A cache as a decoding session holds it: per (b, h) the older keys (positions < start[b]) in random slots, some
     slots free, the piece's n keys written into the first free slots; float64 q, k, v; path minima of the older keys
-    and levels as multiples of 1/8, FAR for the piece's own keys; the piece's φ a walk of eighths; β in {0.5, 1, 2}."""
+    and levels as multiples of 1/8, FAR for the piece's own keys; the piece's φ a walk of eighths; β in
+    {0.5, 1, 2}."""
     gen = torch.Generator().manual_seed(seed)
     start = torch.tensor(start if start is not None else [S - n - 2 - b for b in range(B)], dtype=torch.int64)
     key_pos = torch.full((B, H, S), -1, dtype=torch.int32)

@@ -24,13 +24,13 @@ Precision: every accumulation is fp32. z is one tl.dot over r in the interaction
 cores; fp32 operands in tf32 when q is bf16/fp16, in full fp32 when q is fp32); the in-tile prefix and suffix sums
 over queries (fp32 operands) in "tf32x2" when q is bf16/fp16 (the 0/1 triangle is exact in tf32, so the summed
 operand alone is split in two and two tf32 dots give tf32x3's result: ``_mask_dot``), in full fp32 when q is fp32,
-DCP_BIAS_PREC overriding it ("tf32", "tf32x3", "ieee": A/B only). The offset gradient is a sum of dz over all T²/2 pairs, so it
-collects coherently any error that makes a row of dS = P(dP − Δ) sum to other than zero. Hence Δ = rowsum(dO·O) is
-taken from an fp32 output whose P·V product takes P to about 16 bits (P split into two terms in v's dtype, one more
-tensor-core dot per tile, ``_online_softmax``'s SPLIT_P), so that it matches the backward's fp32 P. The second attempt
-(KERNEL_LOG.md, "DCP d2") took it from round(P)·V in fp32 and failed at 1 × 4096 in bf16 with 8.5× PyTorch's offset
-error; a float64 emulation of that rounding moves the offset gradient by 2.43 of the 2.81 measured, and tf32 bias
-sums by up to 0.58 (docs/benchmarks/dcp_d2_2026-12-03/).
+DCP_BIAS_PREC overriding it ("tf32", "tf32x3", "ieee": A/B only). The offset gradient is a sum of dz over all T²/2
+pairs, so it collects coherently any error that makes a row of dS = P(dP − Δ) sum to other than zero. Hence
+Δ = rowsum(dO·O) is taken from an fp32 output whose P·V product takes P to about 16 bits (P split into two terms in
+v's dtype, one more tensor-core dot per tile, ``_online_softmax``'s SPLIT_P), so that it matches the backward's fp32
+P. The second attempt (KERNEL_LOG.md, "DCP d2") took it from round(P)·V in fp32 and failed at 1 × 4096 in bf16
+with 8.5× PyTorch's offset error; a float64 emulation of that rounding moves the offset gradient by 2.43 of the
+2.81 measured, and tf32 bias sums by up to 0.58 (docs/benchmarks/dcp_d2_2026-12-03/).
 """
 from __future__ import annotations
 

@@ -34,9 +34,8 @@ HEAD_DIMS = (16, 32, 64, 128)
 TEST_HOOK_POISON_OUTPUTS = False
 
 # GPU launch choices, not tuned by an A/B yet (benchmarks/piece_attention.py with the overrides below): 64 queries
-# × 64 slots per step on 4 warps, 2 stages. The interpreter:
-# 16 × 16, so its tiny tests cross query tiles and slot blocks. PIECE_BLOCK_M, PIECE_BLOCK_N, PIECE_WARPS and
-# PIECE_STAGES override them (A/B benchmarks only).
+# × 64 slots per step on 4 warps, 2 stages. The interpreter: 16 × 16, so its tiny tests cross query tiles and slot
+# blocks. PIECE_BLOCK_M, PIECE_BLOCK_N, PIECE_WARPS and PIECE_STAGES override them (A/B benchmarks only).
 GPU_BLOCKS, INTERPRETER_BLOCKS = (64, 64), (16, 16)
 
 

@@ -10,8 +10,8 @@ cache, the piece's own keys already written; path_min (B, H, S): m_s, the minimu
 up to the piece (FAR for the piece's own keys); level (B, H, S): ψ_s; phi (B, H, n): the piece's φ; beta (H,).
 
 Query t sees key s when s is cached and not after t; its bias is β·min(0, min(m_s, min φ_u over the piece's u with
-s < u ≤ t) − ψ_s). A key whose bias falls below `threshold` at a query after its own position is gone for that query,
-and, since this minimum never rises along the queries, for every later one: that is the KV cache's real eviction,
+s < u ≤ t) − ψ_s). A key whose bias falls below `threshold` at a query after its own position is gone for that
+query, and, since this minimum never rises along the queries, for every later one: that is the KV cache's real eviction,
 decided per query and exact (−inf: nothing is evicted). out = softmax(scale·q·kᵀ + bias) · v over the keys kept,
 in float32 at least; kept = how many keys each query kept.
 """
@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from fpa_lightning.ops.common import FAR
-
-FREE = -1  # key_pos of a free slot
+from fpa_lightning.ops.common import FAR, FREE
 
 
 def fpa_piece_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_pos: torch.Tensor,
@@ -48,8 +46,8 @@ def fpa_piece_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_p
     return out.to(v.dtype), kept.sum(dim=-1)
 
 
-
-def path_min_after(path_min: torch.Tensor, phi: torch.Tensor, key_pos: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+def path_min_after(path_min: torch.Tensor, phi: torch.Tensor, key_pos: torch.Tensor,
+                   start: torch.Tensor) -> torch.Tensor:
     """Every slot's path minimum after the piece's last query, (B, H, S): min(m_s, min φ_u over the piece's u after
     key s). path_min, key_pos (B, H, S); phi (B, H, n); start (B,). O(S + n), no (n, S) table: a key older than the
     piece takes the whole piece's minimum, the piece's own key j the minimum of φ after it (FAR for the last)."""

@@ -79,7 +79,7 @@ def _work(models: list[LoadedModel], docs_at: dict, n_rules: int, window: int | 
           passkey_sizes: list[int], real_eviction: bool = False) -> list[Work]:
     """Per model: each document once unpruned and once per rule, then every pass-key trial once. With real eviction,
     each document once more per rule through the KV cache, a path of its own cost (``Work.model`` = number of models
-    + the model's index, calibrated by ``_real_eviction_paths``)."""
+    + the model's index, calibrated with ``_calibration_scores``)."""
     work = []
     sizes = [d.numel() for docs in docs_at.values() for d in docs]
     for i, m in enumerate(models):
@@ -90,31 +90,29 @@ def _work(models: list[LoadedModel], docs_at: dict, n_rules: int, window: int | 
     return work
 
 
-def _calibration_rule(model: LoadedModel, thresholds: list[float], window: int | None, lengths: list[int]) -> PruneRule:
+def _calibration_rule(biased: bool, thresholds: list[float], window: int | None, lengths: list[int]) -> PruneRule:
     """The rule a model's passes are timed with: a biased model's first threshold; without a bias the given window,
     or a quarter of the shortest length."""
-    if has_bias(model):
+    if biased:
         return PruneRule(threshold=thresholds[0])
     return PruneRule(window=window or max(1, min(lengths) // 4))
 
 
-def _hooked_losses(models: list[LoadedModel], rules: list[PruneRule], runtime: Runtime, block_rows: int):
-    """The score the task's simulated passes are timed with: ``token_losses`` on the hooked path with the model's
-    rule, in blocks of `block_rows` query rows, as ``_doc_losses`` runs them, not the model's own path in its
-    configured blocks, whose cost differs."""
-    rule_of = {id(m.decoder): rule for m, rule in zip(models, rules)}
+def _calibration_scores(thresholds: list[float], window: int | None, lengths: list[int], runtime: Runtime,
+                        block_rows: int, piece_tokens: int | None):
+    """The two scores the estimate times, each under the model's calibration rule: the simulated passes'
+    (``token_losses`` hooked with the rule in `block_rows` blocks, as ``_doc_losses`` runs them, not the model's own
+    path in its configured blocks, whose cost differs) and the real KV cache's (``_decoded_losses``)."""
+    def rule(decoder) -> PruneRule:
+        return _calibration_rule(decoder.has_bias(), thresholds, window, lengths)
 
-    def score(decoder, ids: torch.Tensor) -> np.ndarray:
-        with pruned_cache(decoder, rule_of[id(decoder)], block_rows):
+    def hooked(decoder, ids: torch.Tensor) -> np.ndarray:
+        with pruned_cache(decoder, rule(decoder), block_rows):
             return token_losses(decoder, ids, runtime)
-    return score
 
-
-def _real_eviction_paths(models: list[LoadedModel], rules: list[PruneRule], runtime: Runtime,
-                         piece_tokens: int | None) -> list[tuple]:
-    """(decoder, score) per model: decoding through the KV cache under its calibration rule, for the estimate."""
-    return [(m.decoder, lambda decoder, ids, rule=rule: _decoded_losses(decoder, ids, rule, runtime, piece_tokens))
-            for m, rule in zip(models, rules)]
+    def decoded(decoder, ids: torch.Tensor) -> tuple:
+        return _decoded_losses(decoder, ids, rule(decoder), runtime, piece_tokens)
+    return hooked, decoded
 
 
 def _decoded_losses(decoder, ids: torch.Tensor, rule: PruneRule, runtime: Runtime, piece_tokens: int | None) -> tuple:
@@ -158,11 +156,10 @@ def cache_prune(models: list[LoadedModel], runtime: Runtime, data: EvalData, len
     docs_at = {length: data.long_documents(length + 1, length + 1, max_docs) for length in lengths}
     builder = PasskeyBuilder(data.tokenizer, data.bos_id)
     passkey_sizes = [t.length for n in passkey_lengths for t in builder.trials(n, n_trials, runtime.seed)]
-    calibration_rules = [_calibration_rule(m, thresholds, window, lengths) for m in models]
+    hooked, decoded = _calibration_scores(thresholds, window, lengths, runtime, block_rows, piece_tokens)
     bar = start("cache_prune", [m.decoder for m in models],
-                _work(models, docs_at, len(thresholds), window, passkey_sizes, real_eviction),
-                _hooked_losses(models, calibration_rules, runtime, block_rows),
-                paths=_real_eviction_paths(models, calibration_rules, runtime, piece_tokens) if real_eviction else (),
+                _work(models, docs_at, len(thresholds), window, passkey_sizes, real_eviction), hooked,
+                paths=[(m.decoder, decoded) for m in models] if real_eviction else (),
                 shorten="fewer --max-docs, --lengths, --thresholds, --passkey-lengths or --trials",
                 unit="passes")
     for length, docs in docs_at.items():
@@ -226,8 +223,8 @@ def _real_eviction(model: LoadedModel, docs: list, rule: PruneRule, runtime: Run
     return {"loss": intervals(losses, runtime)[0].as_dict(), "increase": intervals(losses - base, runtime)[0].as_dict(),
             "kept_fraction": float(np.mean(kept)), "cache_bytes": float(np.mean(cache_bytes)),
             "max_abs_difference_from_simulation": float(np.abs(losses - simulated).max()),
-            "attention_impl": ", ".join(sorted(impls)), "piece_tokens": sorted(pieces), "tokens": tokens, "seconds": seconds,
-            "tokens_per_second": tokens / max(seconds, 1e-9)}
+            "attention_impl": ", ".join(sorted(impls)), "piece_tokens": sorted(pieces), "tokens": tokens,
+            "seconds": seconds, "tokens_per_second": tokens / max(seconds, 1e-9)}
 
 
 def _rule_tag(rule: PruneRule) -> str:
@@ -279,7 +276,8 @@ def _plot_prune(results: dict) -> plt.Figure:
 
 TASK = Task("loss increase and kept fraction when keys whose bias fell below a threshold are dropped",
             frozenset({"lengths", "trials", "thresholds", "window", "passkey_lengths", "max_docs", "data",
-                       "real_eviction", "block_rows", "piece_tokens"}), run, check=check, impl="chunked", add_arguments=add_arguments,
+                       "real_eviction", "block_rows", "piece_tokens"}), run, check=check, impl="chunked",
+            add_arguments=add_arguments,
             option_help={
                 "lengths": f"cache_prune: evaluation lengths (default {' '.join(map(str, DEFAULT_LENGTHS))})",
                 "trials": f"cache_prune: pass-key trials per length under pruning (default {DEFAULT_TRIALS})",

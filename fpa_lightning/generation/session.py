@@ -79,6 +79,26 @@ def _resolve_attention(impl: str, decoder: Decoder, device: torch.device) -> str
     return impl
 
 
+def default_piece_tokens(decoder: Decoder, rule: PruneRule | None, attention_impl: str = "auto") -> int:
+    """``DecodeSession.default_piece`` of a session of `decoder` under `rule`, without building one."""
+    device = next(decoder.parameters()).device
+    step_impl = _resolve_attention(attention_impl, decoder, device)
+    return _piece_for(_resolve_piece_attention(attention_impl, step_impl, decoder, rule))
+
+
+def _piece_for(piece_impls: list[str]) -> int:
+    """``PIECE_TOKENS``: the long pieces only where every layer runs FPA's piece kernel."""
+    return PIECE_TOKENS["fpa_piece" if set(piece_impls) == {"fpa_piece"} else "other"]
+
+
+def rows_per_pass(piece: int, tokens: int) -> int:
+    """Documents of `tokens` ids (tokens − 1 scored positions each) that one ``cached_token_losses`` call scores as
+    one batch: as many as fill a piece of `piece` query tokens over its rows, at least one. A piece's memory grows
+    with rows × piece tokens, so this adds none; its fixed cost (launches, host syncs, the session) is shared by the
+    rows, which is what short documents pay for most (docs/evaluation.md)."""
+    return max(1, piece // max(1, tokens - 1))
+
+
 def _resolve_piece_attention(impl: str, step_impl: str, decoder: Decoder, rule: PruneRule | None) -> list[str]:
     """Per layer, the attention of a piece of several tokens: "fpa_piece" (one kernel with the bias and the threshold
     eviction, ``decode_piece_fused``) where the backend has it and the rule is a threshold (or none), else the op of
@@ -318,7 +338,7 @@ class DecodeSession:
     def default_piece(self) -> int:
         """Tokens per ``extend`` piece when scoring a document (``cached_token_losses``): ``PIECE_TOKENS``, the long
         pieces only where every layer runs FPA's piece kernel."""
-        return PIECE_TOKENS["fpa_piece" if set(self.piece_impls) == {"fpa_piece"} else "other"]
+        return _piece_for(self.piece_impls)
 
     @torch.no_grad()
     def extend(self, ids: torch.Tensor) -> torch.Tensor:

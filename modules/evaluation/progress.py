@@ -59,20 +59,33 @@ def timed(device: torch.device, fn: Callable, *args) -> tuple[object, float]:
     return result, time.perf_counter() - start
 
 
+@dataclass(frozen=True)
+class ScorePath:
+    """A further way a task scores its items, at a cost of its own (decoding through the KV cache, say): the decoder,
+    its score, and how many items of T tokens one call of the score takes as one batch (rows(T))."""
+
+    decoder: Decoder
+    score: Callable[[Decoder, torch.Tensor], object]
+    rows: Callable[[int], int] = lambda tokens: 1
+
+
 @torch.no_grad()
 def calibrate(decoder: Decoder, length: int, score: Callable[[Decoder, torch.Tensor], object],
-              longest: int | None = None) -> CostModel:
-    """Time ``score(decoder, ids)`` on random ids (1, L): at L = 16 (the constant), then at length / 2 and length,
-    or, when the task's ``longest`` item is longer than ``length``, at length and longest, so that every item's
-    cost is interpolated between two measured lengths rather than extrapolated from short ones (extrapolated
-    from 1024 and 2048 tokens to 8192, cache_prune's estimate was 3.6 times its real time on an H200:
+              longest: int | None = None, rows: Callable[[int], int] = lambda tokens: 1) -> CostModel:
+    """Time ``score(decoder, ids)`` on random ids (rows(L), L), one item costing the call's time over rows(L) (a
+    task that scores rows(L) items of L tokens per call: cache_prune's real eviction). At L = 16 (the constant), then
+    at length / 2 and length, or, when the task's ``longest`` item is longer than ``length``, at length and longest,
+    so that every item's cost is interpolated between two measured lengths rather than extrapolated from short ones
+    (extrapolated from 1024 and 2048 tokens to 8192, cache_prune's estimate was 3.6 times its real time on an H200:
     docs/evaluation.md). Untimed passes at every length timed (16, short and long) come first, so that first-call
     costs (the allocator growing, kernels chosen or compiled for a new shape) stay out of the fit: a Triton kernel
     compiled during the one timed pass at the longest length made an H200 estimate 2.6 times the real time."""
     device = next(decoder.parameters()).device
 
     def seconds(tokens: int) -> float:
-        return timed(device, score, decoder, torch.randint(3, decoder.cfg.vocab_size, (1, tokens), device=device))[1]
+        batch = rows(tokens)
+        ids = torch.randint(3, decoder.cfg.vocab_size, (batch, tokens), device=device)
+        return timed(device, score, decoder, ids)[1] / batch
 
     short, long = (length, longest) if longest is not None and longest > length else (max(2, length // 2), length)
     tiny = min(16, short)
@@ -189,18 +202,18 @@ def announce(label: str, work: list[Work], estimate: float, device: torch.device
 
 def start(label: str, decoders: list[Decoder], work: list[Work], score: Callable[[Decoder, torch.Tensor], object],
           shorten: str, unit: str = "items",
-          paths: Sequence[tuple[Decoder, Callable[[Decoder, torch.Tensor], object]]] = ()) -> Progress:
+          paths: Sequence[ScorePath] = ()) -> Progress:
     """Calibrate each model with ``score`` (the forward the task runs) at min(2048, its shortest item) and at its
-    longest item (``calibrate``), announce the plan and return the task's progress bar. ``paths``: further (decoder,
-    score) pairs whose cost differs from the main forward (decoding through the KV cache, say), calibrated the same
-    way; ``Work.model`` numbers them after the decoders (len(decoders) + j)."""
+    longest item (``calibrate``), announce the plan and return the task's progress bar. ``paths``: further ways of
+    scoring whose cost differs from the main forward, calibrated the same way; ``Work.model`` numbers them after the
+    decoders (len(decoders) + j)."""
     if not any(len(w.lengths) for w in work):
         return Progress(label, work, unit=unit)
     shortest = min(min(w.lengths) for w in work if len(w.lengths))
     longest = max(max(w.lengths) for w in work if len(w.lengths))
     base = min(2048, shortest)
     costs = [calibrate(d, base, score, longest) for d in decoders]
-    costs += [calibrate(d, base, path_score, longest) for d, path_score in paths]
+    costs += [calibrate(p.decoder, base, p.score, longest, p.rows) for p in paths]
     device = next(decoders[0].parameters()).device
     bar = Progress(label, work, costs, unit)
     announce(label, work, bar.total_cost, device, shorten, unit)

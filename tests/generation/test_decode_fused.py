@@ -11,6 +11,7 @@ from _gen_helpers import VOCAB, random_gates
 
 from fpa_lightning import Decoder, ModelConfig
 from fpa_lightning.generation import DecodeSession, PruneRule, cast_weights
+from fpa_lightning.generation.session import default_piece_tokens, rows_per_pass
 
 CASES = [  # (attention, rule): no bias, per-head bias, layer-shared bias, and eviction (masks from the rule)
     ({"backend": "sdpa"}, None),
@@ -67,12 +68,12 @@ def test_fused_session_within_the_same_precision_bound(attention, rule):
 
 @pytest.mark.parametrize("threshold", [-1.0, -0.3, float("-inf")])
 def test_fpa_piece_kernel_scores_a_document_as_the_einsums_do(threshold):
-    """cached_token_losses (cache_prune's real eviction) through FPA's piece kernel: pieces of 7 tokens with
-    eviction, losses within the same-precision bound of the float64 einsums and the same kept fraction of every
+    """cached_token_losses (cache_prune's real eviction) through FPA's piece kernel: two rows in pieces of 7 tokens
+    with eviction, losses within the same-precision bound of the float64 einsums and the same kept fraction of every
     query (every bias is made in float32 from the same fields, so the same keys are evicted)."""
     from fpa_lightning.generation.session import cached_token_losses
     decoder = decoder_d16(seed=1, backend="fpa")
-    ids = torch.randint(0, VOCAB, (1, 30), generator=torch.Generator().manual_seed(1)).to(DEV)
+    ids = torch.randint(0, VOCAB, (2, 30), generator=torch.Generator().manual_seed(1)).to(DEV)  # rows evict apart
     rule = None if threshold == float("-inf") else PruneRule(threshold=threshold)
     reference, _ = cached_token_losses(decoder, ids, rule, piece=7, attention_impl="naive")
     fp32 = copy.deepcopy(decoder).float()
@@ -108,6 +109,12 @@ def test_attention_impl_resolution(monkeypatch):
     assert DecodeSession(fp32, attention_impl="fused").default_piece == 8192
     assert DecodeSession(mixed, attention_impl="fused").default_piece == 512
     assert DecodeSession(fp32, attention_impl="naive").default_piece == 512
+    for decoder, impl, rule in ((fp32, "fused", threshold), (fp32, "fused", window), (mixed, "fused", None),
+                                (fp32, "naive", None)):  # the same piece without a session
+        session = DecodeSession(decoder, attention_impl=impl, rule=rule)
+        assert default_piece_tokens(decoder, rule, impl) == session.default_piece
+    # documents of 2049 ids (2048 queries) per scoring call: as many as fill a piece, at least one
+    assert [rows_per_pass(8192, n) for n in (2049, 2050, 8193, 16385)] == [4, 3, 1, 1]
     with pytest.raises(ValueError, match="attention_impl must be one of"):
         DecodeSession(fp32, attention_impl="flash")
     heads_of_8 = Decoder(ModelConfig(vocab_size=VOCAB, n_layer=1, d_model=16, n_head=2, d_mlp=32, max_seq_len=32))

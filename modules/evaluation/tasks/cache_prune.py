@@ -18,8 +18,8 @@ from fpa_lightning.evaluation.passkey import PasskeyBuilder
 from fpa_lightning.evaluation.scoring import Runtime, check_vocab, token_losses
 from fpa_lightning.evaluation.stats import clopper_pearson
 from fpa_lightning.generation.rule import PruneRule, check_rule
-from fpa_lightning.generation.session import PIECE_TOKENS, cached_token_losses
-from modules.evaluation.progress import Progress, Work, start, timed
+from fpa_lightning.generation.session import PIECE_TOKENS, cached_token_losses, default_piece_tokens, rows_per_pass
+from modules.evaluation.progress import Progress, ScorePath, Work, start, timed
 from modules.evaluation.tasks.common import Task, TaskOutput, errorbar, intervals, label
 from modules.evaluation.tasks.passkey import DEFAULT_TRIALS, score_all
 
@@ -48,7 +48,8 @@ def add_arguments(group) -> None:
                        "through the KV cache (keys a query rejects are hidden from the later queries of its piece and "
                        "freed after it, so the results equal per-token eviction) (default: "
                        f"{PIECE_TOKENS['fpa_piece']} where every layer runs FPA's piece kernel, which holds no "
-                       f"rows × keys tensor, else {PIECE_TOKENS['other']}); the results do not depend on it")
+                       f"rows × keys tensor, else {PIECE_TOKENS['other']}); documents shorter than a piece are "
+                       "scored together, as many as fill one; the results do not depend on it")
 
 
 def check(args: argparse.Namespace, models: list[LoadedModel]) -> None:
@@ -102,7 +103,8 @@ def _calibration_scores(thresholds: list[float], window: int | None, lengths: li
                         block_rows: int, piece_tokens: int | None):
     """The two scores the estimate times, each under the model's calibration rule: the simulated passes'
     (``token_losses`` hooked with the rule in `block_rows` blocks, as ``_doc_losses`` runs them, not the model's own
-    path in its configured blocks, whose cost differs) and the real KV cache's (``_decoded_losses``)."""
+    path in its configured blocks, whose cost differs) and, per model, the real KV cache's (``_decoded_losses`` on
+    as many documents per call as ``_real_eviction`` batches)."""
     def rule(decoder) -> PruneRule:
         return _calibration_rule(decoder.has_bias(), thresholds, window, lengths)
 
@@ -110,8 +112,12 @@ def _calibration_scores(thresholds: list[float], window: int | None, lengths: li
         with pruned_cache(decoder, rule(decoder), block_rows):
             return token_losses(decoder, ids, runtime)
 
-    def decoded(decoder, ids: torch.Tensor) -> tuple:
-        return _decoded_losses(decoder, ids, rule(decoder), runtime, piece_tokens)
+    def decoded(model: LoadedModel) -> ScorePath:
+        piece = piece_tokens or default_piece_tokens(model.decoder, rule(model.decoder))
+
+        def score(decoder, ids: torch.Tensor) -> tuple:
+            return _decoded_losses(decoder, ids, rule(decoder), runtime, piece)
+        return ScorePath(model.decoder, score, lambda tokens: rows_per_pass(piece, tokens))
     return hooked, decoded
 
 
@@ -159,7 +165,7 @@ def cache_prune(models: list[LoadedModel], runtime: Runtime, data: EvalData, len
     hooked, decoded = _calibration_scores(thresholds, window, lengths, runtime, block_rows, piece_tokens)
     bar = start("cache_prune", [m.decoder for m in models],
                 _work(models, docs_at, len(thresholds), window, passkey_sizes, real_eviction), hooked,
-                paths=[(m.decoder, decoded) for m in models] if real_eviction else (),
+                paths=[decoded(m) for m in models] if real_eviction else (),
                 shorten="fewer --max-docs, --lengths, --thresholds, --passkey-lengths or --trials",
                 unit="passes")
     for length, docs in docs_at.items():
@@ -200,31 +206,35 @@ def cache_prune(models: list[LoadedModel], runtime: Runtime, data: EvalData, len
 
 def _real_eviction(model: LoadedModel, docs: list, rule: PruneRule, runtime: Runtime, base: np.ndarray,
                    simulated: np.ndarray, bar: Progress, path: int, piece_tokens: int | None) -> dict:
-    """The documents through the real KV cache under `rule`: loss, increase over the unpruned pass, kept fraction
-    (every query, as the simulation counts it), allocated cache bytes at the end, the largest difference of a
-    document's loss from the simulation's (rounding only: the two compute the same thing), the attention over
-    the cache that ran (``DecodeSession.piece_attention_impl_used``) and its tokens per piece, and the tokens scored
-    per second of this path alone (synchronised wall time, the speed issue #25 sets a goal for)."""
-    losses, kept, cache_bytes, impls, pieces = [], [], [], set(), set()
+    """The documents (of one length) through the real KV cache under `rule`, ``rows_per_pass`` of them per call: loss,
+    increase over the unpruned pass, kept fraction (every query, as the simulation counts it), allocated cache bytes
+    at the end per document, the largest difference of a document's loss from the simulation's (rounding only: the
+    two compute the same thing), the attention over the cache that ran (``DecodeSession.piece_attention_impl_used``),
+    its tokens per piece and documents per call, and the tokens scored per second of this path alone (synchronised
+    wall time, the speed issue #25 sets a goal for)."""
+    piece = piece_tokens or default_piece_tokens(model.decoder, rule)
+    rows = rows_per_pass(piece, docs[0].numel())
+    losses, kept, cache_bytes, impls = [], [], [], set()
     tokens, seconds = 0, 0.0
-    for doc in docs:
-        (per_token, session), took = timed(runtime.device, _decoded_losses, model.decoder, doc[None], rule, runtime,
-                                           piece_tokens)
+    for first in range(0, len(docs), rows):
+        batch = torch.stack(docs[first : first + rows])  # (b, L + 1): the task's documents have one length
+        (per_token, session), took = timed(runtime.device, _decoded_losses, model.decoder, batch, rule, runtime, piece)
         seconds += took
         tokens += per_token.numel()
         impls.add(session.piece_attention_impl_used)
-        pieces.add(session.default_piece if piece_tokens is None else piece_tokens)
-        losses.append(float(per_token.mean()))
-        bar.advance(doc.numel(), path)
+        losses += per_token.mean(dim=1).tolist()
         stats = session.stats()
-        kept.append(stats["kept_per_query"]["kept_fraction"])
-        cache_bytes.append(stats["cache_bytes"])
+        # the batch's counts: with rows of one length, its kept fraction is the mean of the documents' own
+        kept += [stats["kept_per_query"]["kept_fraction"]] * len(batch)
+        cache_bytes += [stats["cache_bytes"] / len(batch)] * len(batch)
+        for doc in batch:
+            bar.advance(doc.numel(), path)
     losses = np.array(losses)
     return {"loss": intervals(losses, runtime)[0].as_dict(), "increase": intervals(losses - base, runtime)[0].as_dict(),
             "kept_fraction": float(np.mean(kept)), "cache_bytes": float(np.mean(cache_bytes)),
             "max_abs_difference_from_simulation": float(np.abs(losses - simulated).max()),
-            "attention_impl": ", ".join(sorted(impls)), "piece_tokens": sorted(pieces), "tokens": tokens,
-            "seconds": seconds, "tokens_per_second": tokens / max(seconds, 1e-9)}
+            "attention_impl": ", ".join(sorted(impls)), "piece_tokens": piece, "documents_per_pass": rows,
+            "tokens": tokens, "seconds": seconds, "tokens_per_second": tokens / max(seconds, 1e-9)}
 
 
 def _rule_tag(rule: PruneRule) -> str:

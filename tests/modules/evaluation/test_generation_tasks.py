@@ -50,25 +50,30 @@ def test_generate_is_greedy_decoding(tmp_path, ckpts, tokenizer, capsys):
         assert model["stats"]["kept_fraction"] == 1.0  # nothing is evicted without --prune-threshold
 
 
-def test_cache_prune_real_eviction_matches_the_simulation(tmp_path, ckpts, capsys):
+@pytest.mark.parametrize("piece, docs, rows", [("24", 2, 1), ("170", 3, 2)])
+def test_cache_prune_real_eviction_matches_the_simulation(tmp_path, ckpts, capsys, piece, docs, rows):
+    """Each document's loss and the kept fraction through the real cache equal the simulation's. Pieces of 24: 80
+    queries in 4 decoding passes (ending mid-document), one document per call; pieces of 170: two documents of 80
+    queries per call, then the third alone."""
     r = run(tmp_path, "cp", "--task", "cache_prune", "--ckpt", ckpts["fpa"], "--compare", ckpts["sdpa"],
-            "--lengths", "80", "--thresholds", "-2", "--passkey-lengths", "--max-docs", "2", "--real-eviction",
-            "--block-rows", "32", "--piece-tokens", "24")  # 80 queries in 4 decoding passes (ending mid-document)
-    # the estimate and the bar count the decoding passes too: per model 2 documents unpruned, under the rule, and
+            "--lengths", "80", "--thresholds", "-2", "--passkey-lengths", "--max-docs", str(docs), "--real-eviction",
+            "--block-rows", "32", "--piece-tokens", piece)
+    # the estimate and the bar count the decoding passes too: per model each document unpruned, under the rule, and
     # through the KV cache under the rule; the bar's last line has every pass done, then the time against the estimate
     lines = capsys.readouterr().err.splitlines()
-    assert any("cache_prune: 12 passes" in line for line in lines) and "12/12 passes" in lines[-2]
+    passes = 2 * 3 * docs
+    assert any(f"cache_prune: {passes} passes" in line for line in lines) and f"{passes}/{passes} passes" in lines[-2]
     assert lines[-1].startswith("cache_prune: took ") and "x the estimate)" in lines[-1]
     (entry,) = r["results"]["lengths"]
     for model in entry["models"]:
         (row,) = model["rules"]
         real = row["real_eviction"]
         assert real["kept_fraction"] == pytest.approx(row["kept_fraction"], abs=1e-5) and real["kept_fraction"] < 1
-        assert real["max_abs_difference_from_simulation"] < 1e-4  # float32 rounding only
+        assert real["max_abs_difference_from_simulation"] < 1e-4  # float32 rounding only, per document
         assert real["loss"]["estimate"] == pytest.approx(row["loss"]["estimate"], abs=1e-4)
         assert real["attention_impl"] == "naive"  # "auto" scores pieces with the einsums on a CPU
-        assert real["piece_tokens"] == [24]
-        assert real["tokens"] == 2 * 80 and real["tokens_per_second"] == pytest.approx(160 / real["seconds"])
+        assert real["piece_tokens"] == int(piece) and real["documents_per_pass"] == rows
+        assert real["tokens"] == docs * 80 and real["tokens_per_second"] == pytest.approx(docs * 80 / real["seconds"])
 
 
 def test_passkey_through_the_pruned_cache(tmp_path, ckpts):

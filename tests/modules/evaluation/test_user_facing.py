@@ -97,6 +97,30 @@ def test_calibrate_interpolates_up_to_the_longest_item(monkeypatch, longest, tim
         assert old.seconds(8192) / cost(8192) > 1.3
 
 
+def test_calibrate_costs_one_item_of_a_batched_score(monkeypatch):
+    """A score that takes rows(T) items of T tokens per call (cache_prune's real eviction) gets ids (rows(T), T),
+    and one item costs the call's time over rows(T): the fixed cost of a call is shared by its rows."""
+    decoder = torch.nn.Linear(1, 1)
+    decoder.cfg = type("Cfg", (), {"vocab_size": 10})()
+    now, shapes = [0.0], []
+    monkeypatch.setattr(progress.time, "perf_counter", lambda: now[0])
+
+    def call_cost(rows, T):
+        return 0.05 + 1e-6 * rows * T + 1e-10 * rows * T * T
+
+    def score(decoder, ids):
+        shapes.append(tuple(ids.shape))
+        now[0] += call_cost(*ids.shape)
+
+    def rows(T):
+        return max(1, 8192 // (T - 1))
+
+    fit = calibrate(decoder, 2048, score, 8192, rows=rows)
+    assert set(shapes) == {(546, 16), (4, 2048), (1, 8192)}
+    for T in (2048, 8192):
+        assert fit.seconds(T) == pytest.approx(call_cost(rows(T), T) / rows(T), rel=1e-9)
+
+
 def edited_checkpoint(source, path, model=None, datamodule=None):
     ckpt = torch.load(source, map_location="cpu", weights_only=True)
     if model:

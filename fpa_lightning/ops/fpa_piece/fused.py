@@ -33,10 +33,12 @@ HEAD_DIMS = (16, 32, 64, 128)
 # forgets to write shows up in the result instead of hiding behind torch.empty's leftovers.
 TEST_HOOK_POISON_OUTPUTS = False
 
-# GPU launch choices, not tuned by an A/B yet (benchmarks/piece_attention.py with the overrides below): 64 queries
-# × 64 slots per step on 4 warps, 2 stages. The interpreter: 16 × 16, so its tiny tests cross query tiles and slot
-# blocks. PIECE_BLOCK_M, PIECE_BLOCK_N, PIECE_WARPS and PIECE_STAGES override them (A/B benchmarks only).
-GPU_BLOCKS, INTERPRETER_BLOCKS = (64, 64), (16, 16)
+# GPU launch choices from an A/B on an H200 (benchmarks/piece_attention.py, KERNEL_LOG "FPA piece attention p3"):
+# 64 queries × 128 slots per step on 4 warps, 2 stages; 128 slots took 13–16 % less time than 64 for pieces of
+# 8192, while 128 queries, 8 warps, 3 stages or 32-wide blocks were slower or no faster. The interpreter: 16 × 16, so
+# its tiny tests cross query tiles and slot blocks. PIECE_BLOCK_M, PIECE_BLOCK_N, PIECE_WARPS and PIECE_STAGES
+# override them (A/B benchmarks only).
+GPU_BLOCKS, INTERPRETER_BLOCKS = (64, 128), (16, 16)
 
 
 def unsupported_reason(device: torch.device, head_dim: int, dtype: torch.dtype) -> str | None:

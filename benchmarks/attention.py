@@ -10,7 +10,8 @@ selective-fused (Selective Attention's Triton kernel, no (T, T) bias), dcp-fused
 bias; dcp and dcp-fused take fp32 qi, ki of width r = 32, as DcpBackend makes them).
 Inputs are fresh random non-zero tensors, bf16; FPA uses realistic walks: increments δ with a
 negative mean (−0.02 per token) and noise (0.3), φ = W + g, ψ = W + h, β = 1, so most old keys are
-dead, as in a trained model. Every time is also printed as a ratio to sdpa-flash from the same run.
+dead, as in a trained model. Every time is also printed as a ratio to sdpa-flash from the same run, and every
+method's peak memory in one forward+backward beyond what was allocated before it (outputs, gradients, scratch).
 The launch environment variables of docs/kernel.md (FPA_<KERNEL>_...) apply, for A/B runs only.
 """
 from __future__ import annotations
@@ -27,6 +28,16 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 def bench(fn, *, warmup=25, rep=100):
     return triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
+
+
+def peak_extra_mib(fn) -> float:
+    """MiB allocated at the peak of fn() beyond what was allocated before it (its outputs, gradients and scratch)."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - before) / 2**20
 
 
 def walks(B, T, H, device, *, drift=-0.02, noise=0.3, offset=0.5):
@@ -174,18 +185,19 @@ def main():
 
                 fwdbwd()  # compile / autotune outside the timing
                 torch.cuda.synchronize()
-                res[name] = (bench(fwd), bench(fwdbwd))
+                res[name] = (bench(fwd), bench(fwdbwd), peak_extra_mib(fwdbwd))
             except Exception as e:
                 print(f"  {B}x{T} {name}: FAILED {type(e).__name__}: {str(e)[:200]}")
             torch.cuda.empty_cache()
-        base = res.get("sdpa-flash", (math.nan, math.nan))
-        for name, (tf, tb) in res.items():
-            print(f"  {B}x{T} {name:12s} fwd {tf:8.3f} ms ({tf / base[0]:5.2f}x)   fwd+bwd {tb:8.3f} ms ({tb / base[1]:5.2f}x)", flush=True)
-            rows.append((f"{B}x{T}", name, tf, tf / base[0], tb, tb / base[1]))
-    print("\n| shape B×T | method | fwd ms | fwd / flash | fwd+bwd ms | fwd+bwd / flash |")
-    print("|---|---|---|---|---|---|")
+        base = res.get("sdpa-flash", (math.nan, math.nan, math.nan))
+        for name, (tf, tb, mib) in res.items():
+            print(f"  {B}x{T} {name:12s} fwd {tf:8.3f} ms ({tf / base[0]:5.2f}x)   fwd+bwd {tb:8.3f} ms ({tb / base[1]:5.2f}x)"
+                  f"   peak {mib:8.1f} MiB", flush=True)
+            rows.append((f"{B}x{T}", name, tf, tf / base[0], tb, tb / base[1], mib))
+    print("\n| shape B×T | method | fwd ms | fwd / flash | fwd+bwd ms | fwd+bwd / flash | fwd+bwd peak MiB |")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r[0]} | {r[1]} | {r[2]:.3f} | {r[3]:.2f} | {r[4]:.3f} | {r[5]:.2f} |")
+        print(f"| {r[0]} | {r[1]} | {r[2]:.3f} | {r[3]:.2f} | {r[4]:.3f} | {r[5]:.2f} | {r[6]:.1f} |")
 
 
 if __name__ == "__main__":

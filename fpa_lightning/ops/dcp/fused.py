@@ -22,9 +22,10 @@ queries in the forward and 32 in the backward on the GPU; G: head groups of the 
     (B, H, T_p); dqi and dki partials (B, G, T_p, r) each; offset partials (B, G, T_p/BN).
 Precision: every accumulation is fp32. z is one tl.dot over r in the interaction inputs' dtype (bf16/fp16 on tensor
 cores; fp32 operands in tf32 when q is bf16/fp16, in full fp32 when q is fp32); the in-tile prefix and suffix sums
-over queries (fp32 operands) in "tf32x2" when q is bf16/fp16 (the 0/1 triangle is exact in tf32, so the summed
-operand alone is split in two and two tf32 dots give tf32x3's result: ``_mask_dot``), in full fp32 when q is fp32,
-DCP_BIAS_PREC overriding it ("tf32", "tf32x3", "ieee": A/B only). The offset gradient is a sum of dz over all T²/2
+over queries are fp32 scans (tl.cumsum) when q is bf16/fp16, and a triangular matmul in full fp32 when q is fp32
+(``_prefix_by_dot``). DCP_PREFIX=dot gives bf16/fp16 the matmul as well (A/B only), in "tf32x2" (the 0/1 triangle is
+exact in tf32, so the summed operand alone is split in two and two tf32 dots give tf32x3's result: ``_mask_dot``),
+DCP_BIAS_PREC overriding that ("tf32", "tf32x3", "ieee"). The offset gradient is a sum of dz over all T²/2
 pairs, so it collects coherently any error that makes a row of dS = P(dP − Δ) sum to other than zero. Hence
 Δ = rowsum(dO·O) is taken from an fp32 output whose P·V product takes P to about 16 bits (P split into two terms in
 v's dtype, one more tensor-core dot per tile, ``_online_softmax``'s SPLIT_P), so that it matches the backward's fp32
@@ -54,14 +55,23 @@ OP = "dcp_attention_fused"
 # Test hook, for tests only: when True, every output and scratch buffer starts as NaN (see Selective's fused.py).
 TEST_HOOK_POISON_OUTPUTS = False
 
-# Tiles and launch configs: Selective's (``tile_sizes``, ``launch_cfg``), untuned, with DCP_* variables overriding
-# them for A/B only (benchmarks/dcp_kernel_check.sh A/Bs them).
+# Tiles and launch configs: Selective's (``tile_sizes``, ``launch_cfg``) but for two choices of an A/B on an H200
+# (benchmarks/dcp_kernel_check.sh; KERNEL_LOG "DCP d5"): the key-major backward without pipelining (1 stage), and the
+# in-tile prefix and suffix sums as scans for bf16/fp16 q (``_prefix_by_dot``), each about 7 % faster
+# forward+backward. DCP_* variables override them (A/B
+# only).
+_LAUNCH = {**_sel._LAUNCH, "bwd_kv": {"num_warps": 4, "num_stages": 1}}
+
+
 def _tiles() -> dict:
     return _sel.tile_sizes("DCP")
 
 
-def _prefix_by_dot() -> bool:
-    return _sel.prefix_by_dot("DCP")
+def _prefix_by_dot(dtype: torch.dtype) -> bool:
+    """The in-tile sums over queries: scans for bf16/fp16 q; for fp32 q the triangular matmul in full fp32, since the
+    offset gradient (a sum over all pairs with heavy cancellation) meets the 2x rule in fp32 only that way (the scan:
+    12x PyTorch's error, tests/ops/_carry_table_tests.py)."""
+    return _sel.prefix_by_dot("DCP", default="dot" if dtype == torch.float32 else "scan")
 
 
 def _head_groups(B: int, H: int, nJ: int, device: torch.device) -> int:
@@ -70,7 +80,7 @@ def _head_groups(B: int, H: int, nJ: int, device: torch.device) -> int:
 
 
 def _launch_cfg(kernel: str, D: int) -> dict:
-    return _sel.launch_cfg(kernel, D, "DCP")
+    return _sel.launch_cfg(kernel, D, "DCP", _LAUNCH)
 
 
 def _empty(shape, *, dtype, device):
@@ -107,7 +117,7 @@ class _DcpFunction(torch.autograd.Function):
         prec = "ieee" if q.dtype == torch.float32 else "tf32"
         bias_prec = "ieee" if q.dtype == torch.float32 else "tf32x2"  # the bias path's sums near fp32 (see above)
         cx = {"D": D, "R": qi.shape[-1], "PREC": prec, "BPREC": os.environ.get("DCP_BIAS_PREC") or bias_prec,
-              "DOT": _prefix_by_dot(), "SEG": seg, "rs": 1.0 / math.sqrt(qi.shape[-1])}
+              "DOT": _prefix_by_dot(q.dtype), "SEG": seg, "rs": 1.0 / math.sqrt(qi.shape[-1])}
         off = offset.detach().reshape(1).to(torch.float32)
         ids = _sel._document_ids(segment_ids, Tp)[0] if seg else None
         jlo = _sel._tile_bounds(ids, T, BM, BN)[0] if seg else None

@@ -48,16 +48,23 @@ HEAD_DIMS = (16, 32, 64, 128)
 # to write (or a read of one never written) shows up in the result instead of hiding behind torch.empty's leftovers.
 TEST_HOOK_POISON_OUTPUTS = False
 
-# Launch configs on the GPU, not yet tuned by an A/B (benchmarks/selective_kernel_check.sh, step 3): one warpgroup
-# per tile, as the FPA kernels use; at D = 128 the backward kernels take 8 warps (their three (64, 128) fp32
-# accumulators spill heavily at 4, in an offline sm_90a compile).
+# Launch configs on the GPU: one warpgroup per tile, as the FPA kernels use; at D = 128 the backward kernels take 8
+# warps (their three (64, 128) fp32 accumulators spill heavily at 4, in an offline sm_90a compile). Tuned by an A/B on
+# an H200 (benchmarks/selective_kernel_check.sh, step 3; KERNEL_LOG "Selective Attention s2"): the query-major
+# backward pipelines 3 stages (2 at D = 128, where 3 need 240 KiB of shared memory, over the H200's 227 KiB); 8 warps,
+# a 128-query forward tile or a scan prefix were slower.
 _LAUNCH = {
     "carry": {"num_warps": 4, "num_stages": 2},
     "fwd": {"num_warps": 4, "num_stages": 2},
     "bwd_kv": {"num_warps": 4, "num_stages": 2},
-    "bwd_q": {"num_warps": 4, "num_stages": 2},
+    "bwd_q": {"num_warps": 4, "num_stages": 3},
 }
-_WARPS_D128 = {"bwd_kv": 8, "bwd_q": 8}
+_D128 = {"bwd_kv": {"num_warps": 8}, "bwd_q": {"num_warps": 8, "num_stages": 2}}  # 3 stages exceed shared memory
+
+
+PROGRAMS_PER_SM = 16
+"""The backward's head groups give at least this many programs per SM (``_head_groups``): one head per program at
+8 × 2048 and 1 × 16384 on an H200 (H = 12), 17 % faster than 4 per SM (3 groups) in its A/B."""
 
 
 def _tiles() -> dict:
@@ -94,16 +101,17 @@ def check_tile_sizes(tiles: dict, op: str) -> None:
         raise ValueError(f"{op}: the backward's query tile must be a multiple of BT, got {tiles}")
 
 
-def prefix_by_dot(env: str) -> bool:
+def prefix_by_dot(env: str, default: str = "dot") -> bool:
     """The in-tile prefix and suffix sums over queries: True = a triangular matmul (tensor cores), False = a scan
-    (tl.cumsum). {env}_PREFIX=scan selects the scan, for A/B benchmarks only."""
-    return os.environ.get(f"{env}_PREFIX", "dot") != "scan"
+    (tl.cumsum). {env}_PREFIX ("dot" or "scan") overrides `default`, for A/B benchmarks only."""
+    return (os.environ.get(f"{env}_PREFIX") or default) != "scan"
 
 
 def _head_groups(B: int, H: int, nJ: int, device: torch.device) -> int:
     """How many head groups the backward kernels run (a divisor of H): each program loops over H / G heads. Fewer
     groups use less memory (the reverse-carry table is stored once per group), more give more programs. On the GPU:
-    the fewest groups that give at least 4 programs per SM; in the interpreter one group (the head loop is tested).
+    the fewest groups that give at least PROGRAMS_PER_SM programs per SM; in the interpreter one group (the head loop
+    is tested).
     SEL_HEAD_GROUPS overrides it (A/B benchmarks)."""
     forced = env_int("SEL_HEAD_GROUPS")
     if forced is not None:
@@ -112,21 +120,21 @@ def _head_groups(B: int, H: int, nJ: int, device: torch.device) -> int:
         return forced
     if _interpreting() or device.type != "cuda":
         return 1
-    target = 4 * torch.cuda.get_device_properties(device).multi_processor_count
+    target = PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
     for groups in range(1, H + 1):
         if H % groups == 0 and B * nJ * groups >= target:
             return groups
     return H
 
 
-def launch_cfg(kernel: str, D: int, env: str) -> dict:
-    """Launch config of a kernel ("carry", "fwd", "bwd_kv", "bwd_q"); {env}_<KERNEL>_{WARPS,STAGES} override it
-    (A/B benchmarks only)."""
+def launch_cfg(kernel: str, D: int, env: str, defaults: dict | None = None) -> dict:
+    """Launch config of a kernel ("carry", "fwd", "bwd_kv", "bwd_q") from `defaults` (Selective's ``_LAUNCH``
+    unless given); {env}_<KERNEL>_{WARPS,STAGES} override it (A/B benchmarks only)."""
     if _interpreting():
         return {}
-    cfg = dict(_LAUNCH[kernel])
-    if D >= 128 and kernel in _WARPS_D128:
-        cfg["num_warps"] = _WARPS_D128[kernel]
+    cfg = dict((defaults or _LAUNCH)[kernel])
+    if D >= 128:
+        cfg.update(_D128.get(kernel, {}))
     return with_env_overrides(cfg, f"{env}_{kernel.upper()}", (("num_warps", "WARPS"), ("num_stages", "STAGES")))
 
 

@@ -9,14 +9,14 @@
 #      fpa_lightning/ops/selective/kernels.py: a change there changes both kernels);
 #   2. benchmarks/attention.py: dcp (SDPA over the materialised (B, 1, T, T) bias, the path the kernel replaces)
 #      against dcp-fused, every time also as a ratio to SDPA-flash from the same process;
-#   3. A/B of the kernel's untuned choices, each in its own process (DCP_* variables are read by
+#   3. A/B of the kernel's launch choices around the defaults of "DCP d5" (benchmarks/KERNEL_LOG.md, which has the
+#      2026-12-04 run that chose them), each in its own process (DCP_* variables are read by
 #      fpa_lightning/ops/dcp/fused.py only; SEL_HEAD_GROUPS by the head-group rule it shares with Selective): the
-#      key-major backward on 64-query tiles, the in-tile prefix as a scan, the bias path's in-tile sums in plain
-#      tf32 (the default is tf32x3, near fp32; tf32 is faster and failed d2's precision), one head group and one
-#      group per head.
+#      triangular-matmul prefix (d4's), 2 stages in the key-major backward, 3 head groups, 64-query tiles in the
+#      key-major backward, 3 stages in the query-major one.
 # The steps are benchmarks/fused_kernel_check.sh's, which selective_kernel_check.sh runs as well.
 set -uo pipefail
 source benchmarks/fused_kernel_check.sh
 fused_kernel_check "${1:-dcp_fused_results}" "${2:-8x2048,4x4096,2x8192,1x16384}" dcp \
     "tests/ops/test_dcp_fused.py tests/ops/test_selective_fused.py" \
-    "DCP_BWD_BT=64" "DCP_PREFIX=scan" "DCP_BIAS_PREC=tf32" "SEL_HEAD_GROUPS=1" "SEL_HEAD_GROUPS=12"
+    "DCP_PREFIX=dot" "DCP_BWD_KV_STAGES=2" "SEL_HEAD_GROUPS=3" "DCP_BWD_BT=64" "DCP_BWD_Q_STAGES=3"

@@ -17,7 +17,7 @@ GPU the forward's tables have rows of BT = 64 queries, the backward's of BT = 32
     sequence at 16384. The table is rebuilt in the backward, not kept: between the passes only the log-sum-exp
     (B·H, T_p) is saved, as in flash attention.
   - backward: the reverse carry RC (the same table over later queries), once per head group plus their sum when
-    G > 1, i.e. (G + 1)·B·T²/BT·4 bytes (G = 3 at 1 × 16384 on an H200: 128 MiB); Δ (B, H, T_p); head 0's
+    G > 1, i.e. (G + 1)·B·T²/BT·4 bytes (G = 12 at 1 × 16384 on an H200 with H = 12: 416 MiB); Δ (B, H, T_p); head 0's
     gradient partials (B, G, T_p, D) for q and k.
 Precision: every accumulation is fp32; with bf16/fp16 inputs the matmuls of fp32 operands (the in-tile prefix and
 suffix sums over queries) run in tf32, with fp32 inputs in full fp32 (a correctness path, slow on the GPU).

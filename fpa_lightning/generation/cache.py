@@ -38,6 +38,13 @@ def _scatter_slots(store: torch.Tensor, slots: torch.Tensor, values: torch.Tenso
     store.scatter_(2, idx, values.to(store.dtype))
 
 
+def _empty_slots(store: torch.Tensor, capacity: int, fill) -> torch.Tensor:
+    """A store (B, H or 1, S, ...) of `capacity` slots all holding `fill`, in `store`'s dtype and device."""
+    shape = list(store.shape)
+    shape[2] = capacity
+    return store.new_full(shape, fill)
+
+
 @dataclass
 class LayerCache:
     """One attention layer's cache. k, v: (B, H, S, D); key_pos: (B, H, S) int32, FREE for a free slot;
@@ -95,6 +102,10 @@ class LayerCache:
         (compaction when capacity shrinks; the old tensors are released with this object). capacity must be at
         least the largest live count."""
         B, H, S = self.key_pos.shape
+        if S == 0:  # an empty cache (DecodeSession.begin): nothing to move, a few allocations instead of ~20 ops
+            return LayerCache(*(_empty_slots(t, capacity, fill) for t, fill in ((self.k, 0), (self.v, 0),
+                                                                                (self.key_pos, FREE))),
+                              {name: _empty_slots(s, capacity, 0) for name, s in self.state.items()}, dict(self.carry))
         order_key = torch.where(self.key_pos == FREE, torch.iinfo(self.key_pos.dtype).max, self.key_pos)
         order = order_key.argsort(dim=-1, stable=True)[..., : min(S, capacity)]  # live keys first, by position
         pad = capacity - order.shape[-1]

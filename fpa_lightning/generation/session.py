@@ -227,6 +227,31 @@ class DecodeSession:
                      positions=max_new_tokens)
         return logits
 
+    @torch.no_grad()
+    def begin(self, batch: int) -> None:
+        """An empty cache of `batch` rows, so that ``extend`` runs from position 0. ``cached_token_losses`` starts this
+        way: the parallel prefill of a one-token prompt launched about as many kernels as the rest of a scoring
+        call (docs/generation.md). Each layer's per-key state is a one-token prefill's cut to no key, from zero
+        inputs under the caller's autocast (so K, V and the state take the dtypes the real tokens will give), and
+        its per-row carry is zero: the carries are sums over the prompt (FPA's walk), zero before any token."""
+        if batch < 1:
+            raise ValueError(f"begin needs at least one row, got {batch}")
+        x = torch.zeros(batch, 1, self.decoder.cfg.d_model, device=self.device,
+                        dtype=self.decoder.blocks[0].attn.qkv.weight.dtype)
+        one = torch.ones(batch, dtype=torch.long, device=self.device)
+        layers = []
+        for block in self.decoder.blocks:
+            q, k, v = block.attn.project(x)  # (B, 1, H, D)
+            state, carry = block.attn.backend.decode_prefill_state(x, q, k, one)
+            k, v = k.transpose(1, 2)[:, :, :0], v.transpose(1, 2)[:, :, :0]  # (B, H, 0, D)
+            layers.append(LayerCache(k.contiguous(), v.contiguous(), k.new_full(k.shape[:3], FREE, dtype=torch.int32),
+                                     {name: t[:, :, :0].contiguous() for name, t in state.items()},
+                                     {name: torch.zeros_like(t) for name, t in carry.items()}))
+        self.cache = KVCache(layers, next_pos=torch.zeros(batch, dtype=torch.long, device=self.device),
+                             append=self.rule is None)
+        self.host_next = [0] * batch
+        self.limit, self.reserved, self._graph, self._warm = 0, 0, None, False
+
     def _prefill_group(self, ids: torch.Tensor, lengths: torch.Tensor, rows: torch.Tensor, parts: list,
                        evicting: bool) -> torch.Tensor:
         """Prompts of one group through the parallel forward; each layer's K, V and state go to ``parts``."""
@@ -266,7 +291,9 @@ class DecodeSession:
                 if block.attn.rope is not None:
                     block.attn.rope.tables(self.limit, self.device)
             self._invalidate()
-        needed = (max(self.host_next) if cache.append else cache.max_live()) + steps
+        # an empty cache (begin) holds no key: no need to count them (a synchronisation and an op per layer)
+        held = 0 if cache.capacity == 0 else max(self.host_next) if cache.append else cache.max_live()
+        needed = held + steps
         too_big = not cache.append and cache.capacity > 2 * needed + SLOT_MULTIPLE
         if needed > cache.capacity or too_big:
             self._check_fits(_round_up(needed) - cache.capacity)
@@ -344,7 +371,7 @@ class DecodeSession:
     def extend(self, ids: torch.Tensor) -> torch.Tensor:
         """ids (B, n): n more tokens per row through the cache -> their logits (B, n, V)."""
         if self.cache is None:
-            raise RuntimeError("extend() needs a prefilled cache: call prefill() first")
+            raise RuntimeError("extend() needs a cache: call prefill() (or begin() for an empty one) first")
         n = ids.shape[1]
         self.reserve(n)
         query_pos = self.cache.next_pos[:, None] + torch.arange(n, device=self.device)
@@ -426,8 +453,8 @@ class DecodeSession:
 def cached_token_losses(decoder: Decoder, ids: torch.Tensor, rule: PruneRule | None, piece: int | None = None,
                         attention_impl: str = "auto") -> tuple[torch.Tensor, DecodeSession]:
     """ids (B, L + 1) -> next-token losses (B, L) in float32 computed through the KV cache, and its session (whose
-    ``stats()`` hold the kept fraction of every query): the first token is prefilled, the rest extended `piece`
-    tokens at a time (default: the session's ``default_piece``), so every key the rule rejects is really evicted on
+    ``stats()`` hold the kept fraction of every query): from an empty cache (``begin``) the tokens are extended
+    `piece` at a time (default: the session's ``default_piece``), so every key the rule rejects is really evicted on
     the way (cache_prune's real mode). A key one query rejects is hidden from the piece's later queries and freed
     after it, so the result is per-token eviction's for any piece. attention_impl: as ``DecodeSession``'s."""
     session = DecodeSession(decoder, rule=rule, cuda_graph=False, track_kept=True, attention_impl=attention_impl)
@@ -435,8 +462,9 @@ def cached_token_losses(decoder: Decoder, ids: torch.Tensor, rule: PruneRule | N
     if piece < 1:
         raise ValueError(f"piece must be a positive number of tokens, got {piece}")
     L = ids.shape[1] - 1
-    losses = [_next_token_losses(session.prefill(list(ids[:, :1]))[:, None], ids[:, 1:2])]
-    for lo in range(1, L, piece):  # tokens lo..hi-1 predict lo+1..hi
+    session.begin(ids.shape[0])
+    losses = []
+    for lo in range(0, L, piece):  # tokens lo..hi-1 predict lo+1..hi
         hi = min(L, lo + piece)
         losses.append(_next_token_losses(session.extend(ids[:, lo:hi]), ids[:, lo + 1 : hi + 1]))
     return torch.cat(losses, dim=1), session

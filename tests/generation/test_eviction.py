@@ -46,6 +46,32 @@ def test_decoded_logits_equal_the_masked_parallel_forward(make_decoder, ids, att
     kept = pieces.stats()["kept_per_query"]
     assert kept["kept_fraction"] == pytest.approx(simulated.mean_fraction(), abs=1e-6)  # the simulation sums in fp32
     assert kept["kept_fraction"] < 1.0
+    # from an empty cache (begin, as cached_token_losses scores): the same logits and kept fractions
+    empty = DecodeSession(decoder, rule=rule, track_kept=True)
+    empty.begin(2)
+    logits = [empty.extend(ids[:, :7]), empty.extend(ids[:, 7:])]
+    torch.testing.assert_close(torch.cat(logits, dim=1), reference, atol=ATOL, rtol=0)
+    from_empty = empty.stats()["kept_per_query"]["kept_fraction_per_layer"]
+    assert from_empty == pytest.approx(kept["kept_fraction_per_layer"], abs=1e-12)
+
+
+def test_an_empty_cache_takes_the_dtypes_of_the_real_tokens(make_decoder, ids):
+    """begin() under autocast: K, V and the per-key state in the dtypes a prefill of real tokens gives them under the
+    same autocast (K and V in bf16), the walk carry at zero; a row count below one is refused."""
+    decoder = make_decoder(backend="fpa").float()
+    begun, prefilled = (DecodeSession(decoder, rule=PruneRule(threshold=-1.0)) for _ in range(2))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        begun.begin(2)
+        prefilled.prefill(list(ids[:, :3]))
+        empty, real = begun.cache.layers[0], prefilled.cache.layers[0]
+        assert empty.k.dtype == empty.v.dtype == real.k.dtype == torch.bfloat16 and empty.capacity == 0
+        assert {n: t.dtype for n, t in empty.state.items()} == {n: t.dtype for n, t in real.state.items()}
+        assert {n: t.dtype for n, t in empty.carry.items()} == {n: t.dtype for n, t in real.carry.items()}
+        assert torch.equal(empty.carry["walk"], torch.zeros_like(real.carry["walk"]))
+        logits = begun.extend(ids[:, :5])
+    assert logits.shape[:2] == (2, 5) and begun.cache.layers[0].k.dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="at least one row"):
+        begun.begin(0)
 
 
 @pytest.mark.parametrize("attention", [attention for attention, _ in CASES], ids=str)

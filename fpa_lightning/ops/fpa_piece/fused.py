@@ -16,6 +16,7 @@ levels of n (kernels.py says how it is read). Layout follows ops/decode: input c
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 import triton
 
 from fpa_lightning.ops.common import FAR
@@ -78,8 +79,7 @@ def range_min_table(phi: torch.Tensor) -> torch.Tensor:
     level = phi.reshape(-1, phi.shape[-1]).float()
     levels, width = [level], 1
     while 2 * width <= phi.shape[-1]:
-        shifted = torch.cat([level[:, width:], level.new_full((level.shape[0], width), FAR)], dim=-1)
-        level = torch.minimum(level, shifted)
+        level = torch.minimum(level, F.pad(level[:, width:], (0, width), value=FAR))  # one op for the shifted level
         levels.append(level)
         width *= 2
     return torch.stack(levels, dim=1).contiguous()

@@ -191,8 +191,8 @@ def main():
             torch.cuda.empty_cache()
         base = res.get("sdpa-flash", (math.nan, math.nan, math.nan))
         for name, (tf, tb, mib) in res.items():
-            print(f"  {B}x{T} {name:12s} fwd {tf:8.3f} ms ({tf / base[0]:5.2f}x)   fwd+bwd {tb:8.3f} ms ({tb / base[1]:5.2f}x)"
-                  f"   peak {mib:8.1f} MiB", flush=True)
+            print(f"  {B}x{T} {name:12s} fwd {tf:8.3f} ms ({tf / base[0]:5.2f}x)   "
+                  f"fwd+bwd {tb:8.3f} ms ({tb / base[1]:5.2f}x)   peak {mib:8.1f} MiB", flush=True)
             rows.append((f"{B}x{T}", name, tf, tf / base[0], tb, tb / base[1], mib))
     print("\n| shape B×T | method | fwd ms | fwd / flash | fwd+bwd ms | fwd+bwd / flash | fwd+bwd peak MiB |")
     print("|---|---|---|---|---|---|---|")

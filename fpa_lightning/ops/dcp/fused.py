@@ -58,8 +58,7 @@ TEST_HOOK_POISON_OUTPUTS = False
 # Tiles and launch configs: Selective's (``tile_sizes``, ``launch_cfg``) but for two choices of an A/B on an H200
 # (benchmarks/dcp_kernel_check.sh; KERNEL_LOG "DCP d5"): the key-major backward without pipelining (1 stage), and the
 # in-tile prefix and suffix sums as scans for bf16/fp16 q (``_prefix_by_dot``), each about 7 % faster
-# forward+backward. DCP_* variables override them (A/B
-# only).
+# forward+backward. DCP_* variables override them (A/B only).
 _LAUNCH = {**_sel._LAUNCH, "bwd_kv": {"num_warps": 4, "num_stages": 1}}
 
 

@@ -17,8 +17,8 @@ GPU the forward's tables have rows of BT = 64 queries, the backward's of BT = 32
     sequence at 16384. The table is rebuilt in the backward, not kept: between the passes only the log-sum-exp
     (B·H, T_p) is saved, as in flash attention.
   - backward: the reverse carry RC (the same table over later queries), once per head group plus their sum when
-    G > 1, i.e. (G + 1)·B·T²/BT·4 bytes (G = 12 at 1 × 16384 on an H200 with H = 12: 416 MiB); Δ (B, H, T_p); head 0's
-    gradient partials (B, G, T_p, D) for q and k.
+    G > 1, i.e. (G + 1)·B·T²/BT·4 bytes (G = 12 at 1 × 16384 on an H200 with H = 12: 416 MiB); Δ (B, H, T_p);
+    head 0's gradient partials (B, G, T_p, D) for q and k.
 Precision: every accumulation is fp32; with bf16/fp16 inputs the matmuls of fp32 operands (the in-tile prefix and
 suffix sums over queries) run in tf32, with fp32 inputs in full fp32 (a correctness path, slow on the GPU).
 The carry has to be a table (or a sequential walk over query tiles): F sums a nonlinear function of (query, key)
@@ -64,7 +64,8 @@ _D128 = {"bwd_kv": {"num_warps": 8}, "bwd_q": {"num_warps": 8, "num_stages": 2}}
 
 PROGRAMS_PER_SM = 16
 """The backward's head groups give at least this many programs per SM (``_head_groups``): one head per program at
-8 × 2048 and 1 × 16384 on an H200 (H = 12), 17 % faster than 4 per SM (3 groups) in its A/B."""
+8 × 2048 and 1 × 16384 on an H200 (H = 12), 16–17 % faster than 4 per SM (3 groups) in its A/B; the reverse-carry
+table, stored per group, grows with it (fused.py's docstring)."""
 
 
 def _tiles() -> dict:
@@ -111,8 +112,7 @@ def _head_groups(B: int, H: int, nJ: int, device: torch.device) -> int:
     """How many head groups the backward kernels run (a divisor of H): each program loops over H / G heads. Fewer
     groups use less memory (the reverse-carry table is stored once per group), more give more programs. On the GPU:
     the fewest groups that give at least PROGRAMS_PER_SM programs per SM; in the interpreter one group (the head loop
-    is tested).
-    SEL_HEAD_GROUPS overrides it (A/B benchmarks)."""
+    is tested). SEL_HEAD_GROUPS overrides it (A/B benchmarks)."""
     forced = env_int("SEL_HEAD_GROUPS")
     if forced is not None:
         if forced < 1 or H % forced:

@@ -159,12 +159,13 @@ class KVCache:
         """Allocated bytes summed over layers ("kv", "state", "positions", "total") and the bytes of the live keys
         alone ("live": what a cache holding exactly the kept keys would need)."""
         totals = {"kv": 0, "state": 0, "positions": 0, "live": 0}
-        for layer in self.layers:
+        live_keys = torch.stack([layer.live().sum() for layer in self.layers]).tolist()  # one synchronisation
+        for layer, live in zip(self.layers, live_keys):
             sizes = layer.nbytes()
             for name, value in sizes.items():
                 totals[name] += value
             slots = layer.key_pos.numel()
-            totals["live"] += int(layer.live().sum()) * sum(sizes.values()) // slots
+            totals["live"] += live * sum(sizes.values()) // max(slots, 1)
         totals["total"] = totals["kv"] + totals["state"] + totals["positions"]
         return totals
 

@@ -132,7 +132,10 @@ class KeptCounter:
             self.queries[layer] += queries
 
     def as_dict(self) -> dict:
-        per_layer = [float(f) / q if q else float("nan") for f, q in zip(self.fraction_sum, self.queries)]
+        device = next((f.device for f in self.fraction_sum if isinstance(f, torch.Tensor)), None)
+        sums = torch.stack([torch.as_tensor(f, dtype=torch.float64, device=device)  # one synchronisation
+                            for f in self.fraction_sum]).tolist()
+        per_layer = [f / q if q else float("nan") for f, q in zip(sums, self.queries)]
         return {"kept_fraction": sum(per_layer) / len(per_layer), "kept_fraction_per_layer": per_layer}
 
 

@@ -27,7 +27,10 @@ the graph are counted when the profiler sees them (CUPTI reports graph kernels i
 the row says so instead of printing zeros. Caveat of naming: the naive cached attention of a decode step is two
 einsums (batched GEMMs, in "matmul") around a softmax ("softmax/reduce"), the fused one two Triton kernels
 (_decode_attn_*, in "attention"), and the composite RMSNorm is pow/mean/rsqrt/mul (only the rsqrt lands in "norm");
-"attention" holds fused attention kernels only. The rows of ``--json`` carry the
+"attention" holds fused attention kernels only. With the fused step ops (ops/decode_step, taken with the fused op) a
+norm is one kernel (_add_rms_norm, "norm"), a new token's RoPE and cache writes one ("cache write"), SwiGLU's
+activation one (_silu_mul, "elementwise"), and a layer's attention with FPA's bias two (_step_attn, "attention");
+each row records the step's attention per layer kind under "step_attention" (e.g. "fused_step"). The rows of ``--json`` carry the
 profile under "profile"; ``--trace-dir DIR`` writes a Chrome trace per measurement. On a CPU the profile groups the
 aten ops (self CPU time, every op call counted, views and allocations in "view/alloc") into the same groups.
 Should a row say the profiler saw no kernels after earlier profiles in the same process, profile that configuration
@@ -109,13 +112,13 @@ def measure(decoder: Decoder, threshold: float | None, batch: int, length: int, 
         ms = time_steps(session, logits.argmax(dim=-1), steps, warmup)
         # which tokens are fed does not change the work of a step: the prompt's next tokens serve again
         profile = profile_decode(session, logits.argmax(dim=-1), profile_steps, trace) if profile_steps else None
-    stats, impl = session.stats(), session.attention_impl_used
+    stats, impl, step_impl = session.stats(), session.attention_impl_used, session.step_attention_impl_used
     del session
     if device.type == "cuda":
         torch.cuda.empty_cache()
     result = {"ms_per_step": ms, "ms_per_token": ms / batch, "kept_fraction": stats["kept_fraction"],
               "cache_mib": stats["cache_bytes"] / 2**20, "state_share": stats["state_fraction_of_kv"],
-              "capacity": stats["capacity"], "decode_attention": impl,
+              "capacity": stats["capacity"], "decode_attention": impl, "step_attention": step_impl,
               **({"compile_mode": compile_mode} if mode == "compile" else {})}
     return result if profile is None else {**result, "profile": profile}
 
@@ -135,9 +138,10 @@ KERNEL_GROUPS = (
                r"|(?<![a-z])(addmm|baddbmm|bmm|mm|dot)(?![a-z])"),
     ("softmax/reduce", r"softmax|reduce|reduction|triton_(red|per)_"
                        r"|(?<![a-z])(sum|mean|amax|amin|max|min|cum(sum|max|min|prod)|logsumexp|norm)(?![a-z])"),
+    ("cache write", r"_store_token"),
     ("index/copy", r"^(?!triton_poi).*(index|gather|scatter|memcpy|memset|copy|catarray|embedding|searchsorted"
                    r"|bucketize|(?<![a-z])(cat|stack|nonzero|take)(?![a-z]))"),
-    ("elementwise", r"elementwise|triton_poi|pointwise"),
+    ("elementwise", r"elementwise|triton_poi|pointwise|_silu_mul"),
 )
 _KERNEL_RULES = [(group, re.compile(pattern, re.IGNORECASE)) for group, pattern in KERNEL_GROUPS]
 # On a CPU the "kernels" are aten ops: these names go to a group directly (the rest through the kernel regexes:
@@ -159,8 +163,8 @@ ATEN_GROUPS = {
     "matmul": "linear mm addmm bmm baddbmm matmul einsum dot",
 }
 _ATEN_GROUP = {op: group for group, ops in ATEN_GROUPS.items() for op in ops.split()}
-GROUPS = ("matmul", "attention", "softmax/reduce", "norm", "elementwise", "index/copy", "sampling", "view/alloc",
-          "other")  # the order of the table's columns
+GROUPS = ("matmul", "attention", "softmax/reduce", "norm", "cache write", "elementwise", "index/copy", "sampling",
+          "view/alloc", "other")  # the order of the table's columns: every group of KERNEL_GROUPS, view/alloc, other
 # host calls that wait for the device (a .item(), a .cpu(), a non-async copy); the driver API spellings too
 SYNC_CALLS = {"cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaMemcpy",
               "cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize", "cuMemcpyDtoH", "cuMemcpyDtoH_v2"}

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from fpa_lightning.attention import BiasHook, CausalSelfAttention, LayerProbe
 from fpa_lightning.config import ModelConfig
-from fpa_lightning.ops.common import at_least_fp32
+from fpa_lightning.ops.common import at_least_fp32, rms_norm, silu_mul
 
 
 class RMSNorm(nn.Module):
@@ -21,9 +21,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        wide = at_least_fp32(x)  # statistics in float32 under bf16 autocast
-        normed = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (normed * self.weight).to(x.dtype)
+        return rms_norm(x, self.weight, self.eps)
 
 
 class SwiGLU(nn.Module):
@@ -33,8 +31,7 @@ class SwiGLU(nn.Module):
         self.down = nn.Linear(d_hidden, d_model, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up(x).chunk(2, dim=-1)
-        return self.down(F.silu(gate) * up)
+        return self.down(silu_mul(self.gate_up(x)))
 
 
 class Block(nn.Module):
@@ -98,6 +95,22 @@ class Decoder(nn.Module):
             x = x + attention(layer, block.attn, block.attn_norm(x))
             x = x + block.mlp(block.mlp_norm(x))
         return self.norm(x)
+
+    def step_features_with(self, input_ids: torch.Tensor,
+                           attention: Callable[[int, CausalSelfAttention, torch.Tensor], torch.Tensor],
+                           add_rms_norm: Callable, silu_mul: Callable) -> torch.Tensor:
+        """``features_with`` for one token per row, input_ids (B,) -> (B, C), with each residual add fused into the
+        norm after it, ``add_rms_norm(x, delta, weight, eps) -> (x + delta, RMSNorm(x + delta))`` (delta None: no
+        add), and SwiGLU's activation given as ``silu_mul``: the fused decoding step's form
+        (``fpa_lightning.generation``; ops/decode_step has both ops, naive and fused). The same maths: with the naive
+        ops its result equals ``features_with``'s."""
+        norms = [norm for block in self.blocks for norm in (block.attn_norm, block.mlp_norm)] + [self.norm]
+        x, h = add_rms_norm(self.embed(input_ids), None, norms[0].weight, norms[0].eps)  # (B, C) each
+        for layer, block in enumerate(self.blocks):
+            after_attn, after_mlp = norms[2 * layer + 1], norms[2 * layer + 2]
+            x, h = add_rms_norm(x, attention(layer, block.attn, h), after_attn.weight, after_attn.eps)
+            x, h = add_rms_norm(x, block.mlp.down(silu_mul(block.mlp.gate_up(h))), after_mlp.weight, after_mlp.eps)
+        return h
 
     def forward(self, input_ids: torch.Tensor, segment_ids: torch.Tensor | None = None) -> torch.Tensor:
         """input_ids (B, T) -> logits (B, T, V)."""

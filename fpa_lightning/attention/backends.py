@@ -232,6 +232,18 @@ class FpaBackend(AttentionBackend):
     def has_piece_kernel(self) -> bool:
         return self.cfg.fpa_op_level == "key" and self.cfg.fpa_reduction == "min" and not self.alibi
 
+    @property
+    def has_step_kernel(self) -> bool:
+        return self.has_piece_kernel and self.gate.weight.dtype == self.beta_raw.dtype == torch.float32
+
+    def step_gate(self, x, cache):
+        return {"gate_weight": self.gate.weight, "gate_bias": self.gate.bias, "x": x, "walk": cache.carry["walk"],
+                "level": cache.state["level"], "path_min": cache.state["path_min"]}
+
+    def step_bias(self, cache, phi):
+        return {"path_min": cache.state["path_min"], "level": cache.state["level"], "phi": phi,
+                "beta_raw": self.beta_raw}
+
     def decode_piece_fused(self, x, q, k, query_pos, cache, threshold):
         phi_h, _, beta = self._advance_fields(x, cache)
         start = query_pos[:, 0]  # a piece's positions are consecutive

@@ -250,6 +250,23 @@ class AttentionBackend(nn.Module):
         and threshold eviction included (FPA at the key level with the min reduction and no ALiBi)."""
         return False
 
+    @property
+    def has_step_kernel(self) -> bool:
+        """True when the decoding step's fused ops (``fpa_lightning.ops.decode_step``) make this layer's bias and
+        eviction in the pass that reads the keys: a layer without any bias (softmax, with RoPE or none), or FPA at the
+        key level with the min reduction, no ALiBi and float32 gate maps."""
+        return not self.has_bias and not self.alibi
+
+    def step_gate(self, x: torch.Tensor, cache) -> dict:
+        """For a backend with ``has_step_kernel``: the gate-map arguments of ``store_token`` (ops/decode_step) for one
+        new token per row, x (B, C) the layer's normed input; none for a layer without a bias."""
+        return {}
+
+    def step_bias(self, cache, phi: torch.Tensor | None) -> dict:
+        """For a backend with ``has_step_kernel``: the bias arguments of ``step_attention`` (ops/decode_step), phi
+        (B, H) being what ``store_token`` returned; none for a layer without a bias."""
+        return {}
+
     def decode_piece_fused(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, query_pos: torch.Tensor,
                            cache, threshold: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """n new tokens over the cache in one kernel, for a backend with ``has_piece_kernel``: their attention

@@ -9,7 +9,7 @@ import torch.nn as nn
 from fpa_lightning.attention.base import AttentionBackend, LayerProbe
 from fpa_lightning.attention.config import AttentionConfig
 from fpa_lightning.attention.registry import backend_entry
-from fpa_lightning.ops.common import at_least_fp32
+from fpa_lightning.ops.common import at_least_fp32, rope_rotate
 
 
 class LayerShape(Protocol):
@@ -57,12 +57,7 @@ class RotaryEmbedding(nn.Module):
         cos, sin = self.tables(limit, x.device, at_least_fp32(x).dtype)
         return self.rotate(x, cos[positions][:, :, None], sin[positions][:, :, None])
 
-    @staticmethod
-    def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        wide = at_least_fp32(x)
-        first, second = wide.chunk(2, dim=-1)
-        rotated = torch.cat([-second, first], dim=-1)
-        return (wide * cos + rotated * sin).to(x.dtype)
+    rotate = staticmethod(rope_rotate)
 
 
 class CausalSelfAttention(nn.Module):

@@ -15,6 +15,7 @@ All per-step operations have static shapes (S fixed), so a decoding step can be 
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -121,6 +122,12 @@ class LayerCache:
         return LayerCache(moved(self.k, 0), moved(self.v, 0), moved(self.key_pos, FREE),
                           {name: moved(s, 0) for name, s in self.state.items()}, dict(self.carry))
 
+    def bytes_per_slot(self) -> int:
+        """Bytes one more slot per (row, head) costs: K, V, the position and the backend's per-key state (from the
+        shapes, so an empty cache answers too)."""
+        return sum(math.prod(t.shape[:2] + t.shape[3:]) * t.element_size()  # every dim but the slots'
+                   for t in (self.k, self.v, self.key_pos, *self.state.values()))
+
     def nbytes(self) -> dict[str, int]:
         """Allocated bytes: K and V, the backend's per-key and per-row state, and the slot positions."""
         state = sum(t.numel() * t.element_size() for t in (*self.state.values(), *self.carry.values()))
@@ -140,6 +147,10 @@ class KVCache:
     @property
     def capacity(self) -> int:
         return self.layers[0].capacity
+
+    def bytes_per_slot(self) -> int:
+        """Bytes one more slot per (row, head) costs, summed over layers (``LayerCache.bytes_per_slot``)."""
+        return sum(layer.bytes_per_slot() for layer in self.layers)
 
     def max_live(self) -> int:
         """The largest number of keys any (layer, row, head) holds (synchronises with the device)."""

@@ -24,6 +24,7 @@ from fpa_lightning.generation.cache import FREE, KVCache, LayerCache
 from fpa_lightning.generation.rule import KeptStats, PruneRule, PruningHook, check_rule
 from fpa_lightning.model import Decoder
 from fpa_lightning.ops.decode import cached_attention, decode_attention_op
+from fpa_lightning.ops.decode_step import fused as step_ops
 from fpa_lightning.ops.decode.fused import unsupported_reason as fused_decode_unsupported
 
 ATTENTION_IMPLS = ("auto", "naive", "fused")
@@ -111,6 +112,16 @@ def _resolve_piece_attention(impl: str, step_impl: str, decoder: Decoder, rule: 
             for block in decoder.blocks]
 
 
+def _resolve_step_attention(step_impl: str, decoder: Decoder, rule: PruneRule | None, track_kept: bool) -> list[str]:
+    """Per layer, the attention of a single-token step: "fused_step" (ops/decode_step: bias, path minimum and
+    eviction made in the kernel that reads the keys) where the step's ops are fused, the layer's backend has
+    ``has_step_kernel``, the rule is a threshold (or none) and no kept fraction is counted; else the step's op
+    ("fused": the decode op over a bias made by torch ops; "naive": the einsums)."""
+    step_kernel = step_impl == "fused" and not track_kept and (rule is None or rule.window is None)
+    return ["fused_step" if step_kernel and block.attn.backend.has_step_kernel else step_impl
+            for block in decoder.blocks]
+
+
 class KeptCounter:
     """Per layer, Σ over queries of the fraction of the t + 1 keys kept (mean over heads), and the query count."""
 
@@ -181,6 +192,8 @@ class DecodeSession:
         self.attention_impl_used = _resolve_attention(attention_impl, decoder, self.device)
         self.piece_impls = _resolve_piece_attention(attention_impl, self.attention_impl_used, decoder, rule)
         self.piece_attention_impl_used = "+".join(sorted(set(self.piece_impls)))
+        self.step_impls = _resolve_step_attention(self.attention_impl_used, decoder, rule, track_kept)
+        self.step_attention_impl_used = "+".join(sorted(set(self.step_impls)))
         self.cuda_graph = self.device.type == "cuda" if cuda_graph is None else cuda_graph
         if self.cuda_graph and self.device.type != "cuda":
             raise ValueError(f"cuda_graph=True needs the model on a CUDA device, it is on {self.device}")
@@ -315,9 +328,7 @@ class DecodeSession:
         """On CUDA, refuse (clearly) a cache growth that cannot fit in the free device memory."""
         if self.device.type != "cuda" or extra_slots <= 0:
             return
-        sizes = self.cache.nbytes()
-        per_slot = sizes["total"] / self.cache.capacity
-        needed = per_slot * (self.cache.capacity + extra_slots)  # a resize holds the old and the new cache at once
+        needed = self.cache.bytes_per_slot() * (self.cache.capacity + extra_slots)  # a resize holds the old and the new cache at once
         free = torch.cuda.mem_get_info(self.device)[0]
         if needed > free:
             raise ValueError(f"the KV cache needs {needed / 2**30:.2f} GiB for {self.cache.capacity + extra_slots} "
@@ -341,6 +352,14 @@ class DecodeSession:
             if self.counter is not None:
                 self.counter.add(layer, kept, query_pos)
             return attn.out(out.flatten(-2))
+        return attn.out(self._attend_cached(layer, attn, x, q, k, query_pos, impl).flatten(-2))
+
+    def _attend_cached(self, layer: int, attn, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                       query_pos: torch.Tensor, impl: str) -> torch.Tensor:
+        """The attention of n new queries q (B, n, H, D) whose keys k are already cached, through the backend's
+        ``decode_bias``, the rule's eviction and the decode op ("fused") or the einsums: (B, n, H, D)."""
+        cache = self.cache.layers[layer]
+        n = query_pos.shape[1]
         bias = attn.backend.decode_bias(x, q, k, query_pos, cache)  # (B, H or 1, n, S) or None
         key_pos = cache.key_pos[:, :, None, :]  # (B, H, 1, S)
         age = query_pos[:, None, :, None] - key_pos  # (B, H, n, S): t − s
@@ -359,9 +378,28 @@ class DecodeSession:
             bias = bias if bias is None else bias.float()  # as the reference adds it: in float32
             # the torch.library custom op: one opaque node under torch.compile (compile=True), no graph break per
             # layer; inside a CUDA graph its two kernels are replayed like any other
-            out = decode_attention_op(q, cache.k, cache.v, bias, visible, attn.backend.scale)
-        else:
-            out = cached_attention(q, cache.k, cache.v, bias, visible, attn.backend.scale)
+            return decode_attention_op(q, cache.k, cache.v, bias, visible, attn.backend.scale)
+        return cached_attention(q, cache.k, cache.v, bias, visible, attn.backend.scale)
+
+    def _attend_step(self, layer: int, attn, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """One layer of a fused step: the new token of each row, x (B, C) normed, at positions (B,), enters the
+        cache (``store_token``: RoPE, slot, K/V, FPA's gate map and per-key state) and attends over it ->
+        (B, C). Its attention: ``step_attention`` for a "fused_step" layer, else the decode op over the backend's
+        bias (``_attend_cached``)."""
+        cache, backend = self.cache.layers[layer], attn.backend
+        fused_step = self.step_impls[layer] == "fused_step"
+        cos, sin = (None, None) if attn.rope is None else attn.rope.tables(self.limit, x.device)
+        gate = backend.step_gate(x, cache) if fused_step else {}
+        q, k, slots, phi = step_ops.store_token_op(attn.qkv(x), positions, cos, sin, cache.k, cache.v, cache.key_pos,
+                                                   self.cache.append, **_step_gate_args(gate))
+        cache.slots = slots[:, :, None]  # (B, H, 1): where the backend's ``put`` stores the new keys' state
+        if not fused_step:
+            out = self._attend_cached(layer, attn, x[:, None], q[:, None], k[:, None], positions[:, None], "fused")
+            return attn.out(out[:, 0].flatten(-2))
+        bias = backend.step_bias(cache, phi)
+        threshold = self.rule.threshold if self.rule is not None and bias else float("-inf")
+        out = step_ops.step_attention_op(q, cache.k, cache.v, cache.key_pos, positions, backend.scale,
+                                         *_step_bias_args(bias), threshold)  # (B, H, D)
         return attn.out(out.flatten(-2))
 
     @property
@@ -389,11 +427,20 @@ class DecodeSession:
 
     # --- one token per row --------------------------------------------------------------------------------
     def _step(self, ids: torch.Tensor) -> torch.Tensor:
-        """ids (B,) -> logits (B, V), static shapes throughout (the body a CUDA graph captures)."""
-        query_pos = self.cache.next_pos[:, None].clone()  # (B, 1)
-        hidden = self.decoder.features_with(ids[:, None], lambda i, attn, x: self._attend(i, attn, x, query_pos))
+        """ids (B,) -> logits (B, V), static shapes throughout (the body a CUDA graph captures). With the fused op
+        ("fused"), the step runs the fused step ops (ops/decode_step): a layer launches 10 kernels, norms, RoPE,
+        cache writes and FPA's bias included (docs/generation.md, "The decoding step")."""
+        if self.attention_impl_used == "fused":
+            positions = self.cache.next_pos  # (B,), read by every layer before it advances
+            hidden = self.decoder.step_features_with(
+                ids, lambda i, attn, x: self._attend_step(i, attn, x, positions), step_ops.add_rms_norm_op,
+                step_ops.silu_mul_op)
+        else:
+            query_pos = self.cache.next_pos[:, None].clone()  # (B, 1)
+            hidden = self.decoder.features_with(ids[:, None], lambda i, attn, x: self._attend(i, attn, x, query_pos))
+            hidden = hidden[:, 0]
         self.cache.next_pos.add_(1)
-        return self.decoder.lm_head(hidden[:, 0])
+        return self.decoder.lm_head(hidden)
 
     @torch.no_grad()
     def step(self, ids: torch.Tensor) -> torch.Tensor:
@@ -471,6 +518,20 @@ def cached_token_losses(decoder: Decoder, ids: torch.Tensor, rule: PruneRule | N
         hi = min(L, lo + piece)
         losses.append(_next_token_losses(session.extend(ids[:, lo:hi]), ids[:, lo + 1 : hi + 1]))
     return torch.cat(losses, dim=1), session
+
+
+_GATE_ARGS = ("gate_weight", "gate_bias", "x", "walk", "level", "path_min")
+_BIAS_ARGS = ("path_min", "level", "phi", "beta_raw")
+
+
+def _step_gate_args(gate: dict) -> dict:
+    """``store_token``'s gate-map keywords, None where a backend gives none (the custom op takes them all)."""
+    return {name: gate.get(name) for name in _GATE_ARGS}
+
+
+def _step_bias_args(bias: dict) -> tuple:
+    """``step_attention``'s bias arguments in order, None where a backend gives none."""
+    return tuple(bias.get(name) for name in _BIAS_ARGS)
 
 
 def _next_token_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

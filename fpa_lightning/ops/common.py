@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 
 # A finite stand-in for +inf in masked or empty ranges. exp(−FAR − x) is exactly 0 for any field value a model
 # can produce, and every intermediate stays finite, so a masked entry can never turn a zero gradient into NaN
@@ -17,6 +18,31 @@ FREE = -1  # a KV cache slot's key position when it holds no key (generation/cac
 def at_least_fp32(t: torch.Tensor) -> torch.Tensor:
     """t in float32 at least (float64 stays float64), whatever autocast did to it."""
     return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of x (..., C) over its last dim, statistics in float32 at least, times weight (C,), in x's dtype: the
+    model's norm (``model.RMSNorm``) and the reference of the decoding step's fused norm (ops/decode_step)."""
+    wide = at_least_fp32(x)  # statistics in float32 under bf16 autocast
+    normed = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + eps)
+    return (normed * weight).to(x.dtype)
+
+
+def rope_rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE's rotate-half rotation of x (..., D) by cos and sin tables broadcast to it, in float32 at least, returned
+    in x's dtype: the attention layer's RoPE (``attention.layer.RotaryEmbedding``) and the reference of the decoding
+    step's fused one (ops/decode_step)."""
+    wide = at_least_fp32(x)
+    first, second = wide.chunk(2, dim=-1)
+    rotated = torch.cat([-second, first], dim=-1)
+    return (wide * cos + rotated * sin).to(x.dtype)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """gate_up (..., 2F) -> silu(gate) · up (..., F), the halves in that order: SwiGLU's activation (``model.SwiGLU``)
+    and the reference of the decoding step's fused one (ops/decode_step)."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
 
 
 def same_document(segment_ids: torch.Tensor, lo: int = 0, hi: int | None = None) -> torch.Tensor:

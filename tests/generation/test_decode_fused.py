@@ -223,3 +223,54 @@ def test_compile_takes_a_mode_and_refuses_the_ones_that_capture_graphs_themselve
     for mode in ("reduce-overhead", "max-autotune", "fast", "", None, 0):  # never a silent eager step
         with pytest.raises(ValueError, match="compile must be a bool or one of"):
             DecodeSession(decoder, compile=mode)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="counts the Triton interpreter's launches (CPU)")
+@pytest.mark.parametrize("backend, rule", [("sdpa", None), ("fpa", None), ("fpa", PruneRule(threshold=-1.0))],
+                         ids=["softmax-rope", "fpa", "fpa-evicting"])
+def test_a_fused_step_launches_ten_kernels_per_layer(backend, rule):
+    """The fused step's point (docs/generation.md, "The decoding step"): a layer's step is 4 matmuls and 6 Triton
+    launches (2 norms, store_token, step_attention's two, silu_mul), RoPE, the cache's writes, FPA's gate map,
+    bias and eviction included; the step's fixed part 4 (embedding, first norm, lm_head, the position's advance;
+    the copy of a strided token column happens before, outside a captured step).
+    Counted on the CPU: aten ops that would launch a kernel (views and allocations left out; a custom op's entry is
+    not one, its Triton launches are) and the interpreter's launches, decoders of 2 and 3 layers."""
+    import triton.runtime.interpreter as interpreter
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    no_kernel = {"view", "unsqueeze", "transpose", "select", "permute", "t", "alias", "expand", "slice", "detach",
+                 "_unsafe_view", "reshape", "flatten", "unflatten", "empty", "empty_strided", "new_empty"}
+    kernels = []
+
+    class CountAten(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.namespace == "aten" and func.overloadpacket.__name__ not in no_kernel:
+                kernels.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    launch = interpreter.GridExecutor.__call__
+
+    def counted_launch(self, *args, **kwargs):
+        kernels.append(self.fn.__name__)
+        return launch(self, *args, **kwargs)
+
+    per_step = []
+    for n_layer in (2, 3):
+        torch.manual_seed(0)
+        cfg = ModelConfig(vocab_size=VOCAB, n_layer=n_layer, d_model=32, n_head=2, d_mlp=32, max_seq_len=32,
+                          attention={"backend": backend})
+        s = DecodeSession(random_gates(Decoder(cfg).eval(), std=0.5), rule=rule, attention_impl="fused",
+                          check_every=8)
+        assert s.step_impls == ["fused_step"] * n_layer
+        ids = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(2))
+        tokens = ids[:, 1].contiguous()
+        with torch.no_grad():
+            s.prefill([ids[0], ids[1, :5]], max_new_tokens=4)
+            s.step(ids[:, 0])
+            kernels.clear()
+            with CountAten(), pytest.MonkeyPatch.context() as patch:
+                patch.setattr(interpreter.GridExecutor, "__call__", counted_launch)
+                s.step(tokens)
+        per_step.append(len(kernels))
+    assert per_step[1] - per_step[0] == 10, kernels
+    assert per_step[0] == 2 * 10 + 4, kernels

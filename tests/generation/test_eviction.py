@@ -107,6 +107,19 @@ def test_the_decode_bias_falls_where_the_backend_says_so(make_decoder, ids, atte
     assert (rises == 0) == falls.pop(), f"{rises} rises of {pairs}"
 
 
+def test_a_slot_costs_the_same_in_an_empty_and_a_full_cache(make_decoder):
+    """What the device-memory check of a resize multiplies (``KVCache.bytes_per_slot``): a filled cache's bytes over
+    its capacity, and the same for the empty cache of ``begin`` (capacity 0: the check once divided by it)."""
+    decoder = make_decoder(backend="fpa")
+    full = DecodeSession(decoder)
+    full.prefill([torch.arange(3, 40)])
+    empty = DecodeSession(decoder)
+    empty.begin(1)
+    assert empty.cache.capacity == 0
+    assert full.cache.bytes_per_slot() == full.stats()["cache_bytes"] // full.cache.capacity
+    assert empty.cache.bytes_per_slot() == full.cache.bytes_per_slot() > 0
+
+
 @pytest.mark.parametrize("backend", ["fpa", "fox"])
 def test_evicted_keys_are_gone_from_storage(make_decoder, ids, backend):
     """Monotone bias: layer 0 (whose input pruning cannot change) holds exactly the newest key and the keys whose

@@ -28,6 +28,20 @@ def _finite(m):
 
 
 @triton.jit
+def online_softmax_block(s, v, m_i, l_i, acc):
+    """One block of slots into a split's online softmax: scores s (BLOCK_S,) fp32, −inf where masked, and their
+    values v (BLOCK_S, D) -> the running max, sum and unnormalised accumulator (m_i, l_i, acc) after them. Also the
+    decoding step's kernel (ops/decode_step) runs its splits through it."""
+    m_new = tl.maximum(m_i, tl.max(s, axis=0))
+    ref = _finite(m_new)
+    alpha = tl.exp(m_i - ref)  # 0 while m_i = −inf (acc and l_i are 0 then)
+    p = tl.exp(s - ref)  # 0 on masked slots
+    l_i = l_i * alpha + tl.sum(p, axis=0)
+    acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), axis=0)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _decode_attn_partial_kernel(
     Q, K, V, BIAS, VIS, M, L, ACC,
     s_qb, s_qn, s_qh, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs,
@@ -61,14 +75,8 @@ def _decode_attn_partial_kernel(
             s += tl.load(bias_base + offs_s * s_bs, mask=ok, other=0.0)
         seen = tl.load(vis_base + offs_s * s_ms, mask=ok, other=0) != 0
         s = tl.where(seen, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=0))
-        ref = _finite(m_new)
-        alpha = tl.exp(m_i - ref)  # 0 while m_i = −inf (acc and l_i are 0 then)
-        p = tl.exp(s - ref)  # 0 on masked slots
         v = tl.load(v_base + offs_s[:, None] * s_vs + offs_d[None, :], mask=ok[:, None], other=0.0)
-        l_i = l_i * alpha + tl.sum(p, axis=0)
-        acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), axis=0)
-        m_i = m_new
+        m_i, l_i, acc = online_softmax_block(s, v, m_i, l_i, acc)
     slot = row.to(tl.int64) * SPLITS + split
     tl.store(M + slot, m_i)
     tl.store(L + slot, l_i)

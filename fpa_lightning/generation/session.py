@@ -180,7 +180,10 @@ class DecodeSession:
     op would run; other layers take the einsums under "auto" (the decode op reads its slots once per query row
     where the einsums make one batched matmul: docs/generation.md) and the decode op under "fused". The choices
     are ``attention_impl_used`` (steps) and ``piece_attention_impl_used`` (pieces: the layers' choices joined by
-    "+", e.g. "fpa_piece+naive" for a model with FPA and softmax layers).
+    "+", e.g. "fpa_piece+naive" for a model with FPA and softmax layers). Under "fused" a single-token step runs the
+    step's fused ops (ops/decode_step: norms, RoPE and cache writes, and for layers without a bias or of FPA at the
+    key level, the bias and eviction inside the attention's kernel); each layer's attention in a step is in
+    ``step_impls`` ("fused_step", "fused" or "naive"), joined in ``step_attention_impl_used``.
     """
 
     def __init__(self, decoder: Decoder, *, rule: PruneRule | None = None, cuda_graph: bool | None = None,

@@ -249,6 +249,14 @@ def test_the_ops_refuse_what_they_cannot_run():
         fused.store_token(qkv, positions, torch.zeros(4, D, device=DEV), None, k, k, key_pos, True)
     with pytest.raises(ValueError, match="needs all of gate_weight"):
         fused.store_token(qkv, positions, None, None, k, k, key_pos, True, gate_weight=torch.zeros(H, 4))
+    gate = dict(gate_weight=torch.zeros(H, 4, device=DEV), gate_bias=torch.zeros(H, device=DEV),
+                x=torch.zeros(B, 4, device=DEV, dtype=torch.float64), walk=torch.zeros(B, H, device=DEV),
+                level=torch.zeros(B, H, S, device=DEV), path_min=torch.zeros(B, H, S, device=DEV))
+    with pytest.raises(ValueError, match="store_token: x must be bf16, fp16 or fp32"):
+        fused.store_token(qkv, positions, None, None, k, k, key_pos, True, **gate)
+    with pytest.raises(ValueError, match="store_token: walk must be"):
+        fused.store_token(qkv, positions, None, None, k, k, key_pos, True,
+                          **{**gate, "x": gate["x"].float(), "walk": torch.zeros(B, H + 1, device=DEV)})
     with pytest.raises(ValueError, match="add_rms_norm: weight must have shape"):
         fused.add_rms_norm(torch.zeros(2, 8, device=DEV), None, torch.ones(7, device=DEV), 1e-5)
     with pytest.raises(ValueError, match="add_rms_norm: x must be"):

@@ -182,6 +182,8 @@ def _check_store(qkv, positions, cos, sin, k_cache, v_cache, key_pos, fpa: dict 
         if fpa["gate_weight"].dim() != 2 or maps not in (1, 2, 3) or fpa["gate_weight"].shape[0] != maps * H:
             _fail(op, f"gate_weight must be (G·H, C) with G in 1, 2, 3 and H = {H}, got "
                       f"{tuple(fpa['gate_weight'].shape)}")
+        if fpa["x"].dtype not in QKV_DTYPES:
+            _fail(op, f"x must be bf16, fp16 or fp32, got {fpa['x'].dtype}")
         _check_like(op, fpa, {"gate_weight": ((maps * H, C), torch.float32), "gate_bias": ((maps * H,), torch.float32),
                               "x": ((B, C), fpa["x"].dtype), "walk": ((B, H), torch.float32)})
         for name in ("level", "path_min"):

@@ -40,7 +40,8 @@ MAX_WIDTH = 16384
 # 0.608 with 64), with it 64 slots on 4 warps (0.640 against 0.665 on 8; 128 slots: 0.652). The
 # interpreter: blocks of 8 slots in chunks of 16, a scan block of 8 and a gate block of 16, so its tiny tests cross
 # every boundary. STEP_BLOCK_S, STEP_CHUNK and STEP_WARPS override the attention's blocks and warps, STEP_STORE_WARPS
-# store_token's warps (A/B benchmarks only).
+# and STEP_SCAN_BLOCK store_token's warps and slot-scan block (A/B benchmarks only; benchmarks/candidates/README.md
+# lists the settings waiting for one).
 _INTERPRETER = {"block_s": 8, "chunk": 16, "sb": 4, "scan": 8, "gate": 16}
 
 
@@ -223,7 +224,8 @@ def store_token(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor | 
         cos.stride(0) if cos is not None else 0,
         *(level.stride()[:2] if fpa else (0, 0)), *(path_min.stride()[:2] if fpa else (0, 0)),
         H, S, C,
-        D=D, HAS_ROPE=cos is not None, APPEND=bool(append), BLOCK_S=_INTERPRETER["scan"] if interpreting else 1024,
+        D=D, HAS_ROPE=cos is not None, APPEND=bool(append),
+        BLOCK_S=_INTERPRETER["scan"] if interpreting else env_int("STEP_SCAN_BLOCK") or 1024,
         FPA=fpa is not None, MAPS=gate_weight.shape[0] // H if fpa else 1,
         BLOCK_C=_INTERPRETER["gate"] if interpreting else min(1024, triton.next_power_of_2(C)),
         **({} if interpreting else {"num_warps": env_int("STEP_STORE_WARPS") or 1}),

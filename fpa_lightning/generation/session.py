@@ -331,7 +331,8 @@ class DecodeSession:
         """On CUDA, refuse (clearly) a cache growth that cannot fit in the free device memory."""
         if self.device.type != "cuda" or extra_slots <= 0:
             return
-        needed = self.cache.bytes_per_slot() * (self.cache.capacity + extra_slots)  # a resize holds the old and the new cache at once
+        # a resize holds the old and the new cache at once
+        needed = self.cache.bytes_per_slot() * (self.cache.capacity + extra_slots)
         free = torch.cuda.mem_get_info(self.device)[0]
         if needed > free:
             raise ValueError(f"the KV cache needs {needed / 2**30:.2f} GiB for {self.cache.capacity + extra_slots} "

@@ -88,6 +88,14 @@ def check_device(op: str, tensors: dict) -> torch.device:
     return dev
 
 
+def check_inference_only(op: str, tensors: dict) -> None:
+    """An inference-only op (no backward) refuses, clearly, inputs of {name: tensor} that require grad while grad
+    mode is on."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors.values()):
+        raise ValueError(f"{op}: inference only, there is no backward; call it under torch.no_grad() (or "
+                         "torch.inference_mode()), or with inputs that do not require grad")
+
+
 def check_scale(op: str, scale) -> None:
     if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale)):
         raise ValueError(f"{op}: scale must be a finite float or None, got {scale!r}")

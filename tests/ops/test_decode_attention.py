@@ -248,14 +248,20 @@ def test_plan_fills_the_gpu_and_covers_every_slot(monkeypatch):
     for rows, S, D, want_block, want_chunk in [(12, 8192, 64, 64, 256), (12, 16384, 64, 64, 512),
                                                (96, 16384, 64, 64, 4096), (12, 1024, 64, 64, 128),
                                                (1, 64, 16, 64, 128), (96, 8192, 128, 32, 2048)]:
-        block, chunk, splits, sb = fused_mod._plan(rows, S, D, cuda)
+        block, chunk, splits, sb = fused_mod.plan_splits(rows, S, D, cuda)
         assert (block, chunk) == (want_block, want_chunk)
         assert (splits - 1) * chunk < S <= splits * chunk and sb & (sb - 1) == 0 and sb <= min(16, 2 * splits)
         if rows * S >= 2 * 132 * fused_mod.MIN_CHUNK:  # work for two minimal chunks per SM
             assert rows * splits >= 2 * 132
+    # the decoding step's attention (ops/decode_step) plans with blocks of 8192 values without FPA's state
+    assert [fused_mod.plan_splits(12, 8192, D, cuda, block_values=8192, env="STEP")[0] for D in (16, 64, 128)] == [
+        128, 128, 64]
     monkeypatch.setenv("DECODE_CHUNK", "96")
     with pytest.raises(ValueError, match="divide the chunk"):
-        fused_mod._plan(12, 8192, 64, cuda)
+        fused_mod.plan_splits(12, 8192, 64, cuda)
+    monkeypatch.setenv("STEP_CHUNK", "96")
+    with pytest.raises(ValueError, match="step_attention: the block must be a power of two and divide the chunk"):
+        fused_mod.plan_splits(12, 8192, 64, cuda, block_values=8192, env="STEP", op="step_attention")
 
 
 # ------------------------------------------------------------------------------------------------

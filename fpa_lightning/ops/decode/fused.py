@@ -25,7 +25,8 @@ import torch
 import triton
 
 from fpa_lightning.ops.decode import kernels
-from fpa_lightning.ops.kernel_inputs import check_cached_qkv, check_device, check_scale, env_int
+from fpa_lightning.ops.kernel_inputs import (check_cached_qkv, check_device, check_inference_only, check_scale,
+                                            env_int)
 from fpa_lightning.ops.kernel_inputs import unsupported_reason as kernel_unsupported_reason
 from fpa_lightning.ops.kernel_inputs import with_env_overrides
 from fpa_lightning.ops.kernel_inputs import interpreting as _interpreting
@@ -54,20 +55,23 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def _plan(rows: int, S: int, D: int, device: torch.device) -> tuple[int, int, int, int]:
-    """(BLOCK_S, CHUNK, SPLITS, SB) for `rows` queries over S slots of head dim D. GPU: the smallest power-of-two
-    chunk >= MIN_CHUNK that still gives about PROGRAMS_PER_SM programs per SM (rows · SPLITS), e.g. 1 × 12 heads at
-    S = 8192 on 132 SMs: 256 slots, 32 splits; 8 × 12 at 16384: 4096 slots, 4 splits."""
+def plan_splits(rows: int, S: int, D: int, device: torch.device, *, block_values: int = 4096, env: str = "DECODE",
+                op: str = OP) -> tuple[int, int, int, int]:
+    """(BLOCK_S, CHUNK, SPLITS, SB) for `rows` queries over S slots of head dim D. GPU: blocks of block_values / max(D,
+    64) slots; the smallest power-of-two chunk >= MIN_CHUNK that still gives about PROGRAMS_PER_SM programs per SM
+    (rows · SPLITS), e.g. 1 × 12 heads at S = 8192 on 132 SMs: 256 slots, 32 splits; 8 × 12 at 16384: 4096 slots, 4
+    splits. {env}_BLOCK_S and {env}_CHUNK override them (A/B benchmarks). Also the decoding step's attention
+    (ops/decode_step) plans its splits here, with its own block size, environment prefix and op name."""
     if _interpreting() or device.type != "cuda":
         block, chunk, sb = _INTERPRETER["block_s"], _INTERPRETER["chunk"], _INTERPRETER["sb"]
     else:
-        block = env_int("DECODE_BLOCK_S") or min(64, 4096 // D)
+        block = env_int(f"{env}_BLOCK_S") or block_values // max(D, 64)
         target = PROGRAMS_PER_SM * _sm_count(device.index if device.index is not None else torch.cuda.current_device())
         chunk = max(MIN_CHUNK, block, triton.next_power_of_2(triton.cdiv(S * rows, target)))
         sb = COMBINE_SPLITS
-    chunk = env_int("DECODE_CHUNK") or chunk
+    chunk = env_int(f"{env}_CHUNK") or chunk
     if block < 1 or block & (block - 1) or chunk % block:
-        raise ValueError(f"{OP}: the block must be a power of two and divide the chunk, got {block} and {chunk}")
+        raise ValueError(f"{op}: the block must be a power of two and divide the chunk, got {block} and {chunk}")
     splits = triton.cdiv(S, chunk)
     return block, chunk, splits, min(sb, triton.next_power_of_2(splits))
 
@@ -112,9 +116,7 @@ def _check(q, k, v, bias, visible, scale) -> None:
     if scale is None:
         raise ValueError(f"{OP}: scale must be a finite float, got None")
     check_scale(OP, scale)
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors.values()):
-        raise ValueError(f"{OP}: inference only, there is no backward; call it under torch.no_grad() (or "
-                         "torch.inference_mode()), or with inputs that do not require grad")
+    check_inference_only(OP, tensors)
 
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None,
@@ -127,7 +129,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: to
     B, n, H, D = q.shape
     S = k.shape[2]
     rows = B * H * n
-    block, chunk, splits, sb = _plan(rows, S, D, q.device)
+    block, chunk, splits, sb = plan_splits(rows, S, D, q.device)
     out = _empty((B, n, H, D), dtype=v.dtype, device=q.device)
     m = _empty((rows, splits), dtype=torch.float32, device=q.device)
     l = _empty((rows, splits), dtype=torch.float32, device=q.device)

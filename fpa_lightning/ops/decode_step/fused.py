@@ -16,17 +16,15 @@ traces it as one node that mutates the caches it names, instead of breaking the 
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 
 from fpa_lightning.ops.decode import kernels as decode_kernels
-from fpa_lightning.ops.decode.fused import COMBINE_SPLITS, MIN_CHUNK, PROGRAMS_PER_SM
+from fpa_lightning.ops.decode.fused import plan_splits
 from fpa_lightning.ops.decode_step import kernels
-from fpa_lightning.ops.kernel_inputs import QKV_DTYPES, check_device, check_scale, env_int
+from fpa_lightning.ops.kernel_inputs import (QKV_DTYPES, check_device, check_inference_only, check_scale,
+                                            env_int)
 from fpa_lightning.ops.kernel_inputs import interpreting as _interpreting
-from fpa_lightning.ops.kernel_inputs import unsupported_reason as kernel_unsupported_reason
 
 HEAD_DIMS = (16, 32, 64, 128)
 MAX_WIDTH = 16384
@@ -38,21 +36,11 @@ MAX_WIDTH = 16384
 # least MIN_CHUNK slots and PROGRAMS_PER_SM programs per SM), with blocks and warps from an A/B on an H200 at 8k, batch
 # 1 (docs/benchmarks/decode_step_2026-12-04): without FPA's state 128 slots on 8 warps (0.561 ms a step against
 # 0.608 with 64), with it 64 slots on 4 warps (0.640 against 0.665 on 8; 128 slots: 0.652). The
-# interpreter: blocks of 8 slots in chunks of 16, a scan block of 8 and a gate block of 16, so its tiny tests cross
-# every boundary. STEP_BLOCK_S, STEP_CHUNK and STEP_WARPS override the attention's blocks and warps, STEP_STORE_WARPS
+# interpreter: ops/decode's attention plan (blocks of 8 slots in chunks of 16), a scan block of 8 and a gate block of
+# 16, so its tiny tests cross every boundary. STEP_BLOCK_S, STEP_CHUNK and STEP_WARPS override the attention's blocks and warps, STEP_STORE_WARPS
 # and STEP_SCAN_BLOCK store_token's warps and slot-scan block (A/B benchmarks only; benchmarks/candidates/README.md
 # lists the settings waiting for one).
-_INTERPRETER = {"block_s": 8, "chunk": 16, "sb": 4, "scan": 8, "gate": 16}
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-def unsupported_reason(device: torch.device, head_dim: int, dtype: torch.dtype) -> str | None:
-    """Why the step's fused ops cannot run for a model on `device` with this head dim and dtype; None if they can."""
-    return kernel_unsupported_reason(device, head_dim, dtype, HEAD_DIMS)
+_INTERPRETER = {"scan": 8, "gate": 16}
 
 
 def _fail(op: str, message: str):
@@ -64,9 +52,7 @@ def _check_tensors(op: str, tensors: dict) -> None:
         if not isinstance(t, torch.Tensor):
             _fail(op, f"{name} must be a torch.Tensor, got {type(t).__name__}")
     check_device(op, tensors)
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors.values()):
-        _fail(op, "inference only, there is no backward; call it under torch.no_grad() (or torch.inference_mode()), "
-                  "or with inputs that do not require grad")
+    check_inference_only(op, tensors)
 
 
 def _check_like(op: str, tensors: dict, wanted: dict) -> None:
@@ -256,23 +242,6 @@ def _store_token_shape(qkv, positions, cos, sin, k_cache, v_cache, key_pos, appe
 
 
 # --- step_attention -----------------------------------------------------------------------------------------------
-def _plan(rows: int, S: int, D: int, device: torch.device, fpa: bool) -> tuple[int, int, int, int]:
-    """(BLOCK_S, CHUNK, SPLITS, SB) as ops/decode plans its partial kernel (fused.py there says why), with blocks of
-    8192 / D slots (128 at D = 64) without FPA's state and 4096 / D with it (``_attention_launch``)."""
-    if _interpreting() or device.type != "cuda":
-        block, chunk, sb = _INTERPRETER["block_s"], _INTERPRETER["chunk"], _INTERPRETER["sb"]
-    else:
-        block = env_int("STEP_BLOCK_S") or min(64 if fpa else 128, (4096 if fpa else 8192) // D)
-        target = PROGRAMS_PER_SM * _sm_count(device.index if device.index is not None else torch.cuda.current_device())
-        chunk = max(MIN_CHUNK, block, triton.next_power_of_2(triton.cdiv(S * rows, target)))
-        sb = COMBINE_SPLITS
-    chunk = env_int("STEP_CHUNK") or chunk
-    if block < 1 or block & (block - 1) or chunk % block:
-        _fail("step_attention", f"the block must be a power of two and divide the chunk, got {block} and {chunk}")
-    splits = triton.cdiv(S, chunk)
-    return block, chunk, splits, min(sb, triton.next_power_of_2(splits))
-
-
 def _check_attention(q, k_cache, v_cache, key_pos, positions, scale, fpa: dict | None, threshold) -> None:
     op = "step_attention"
     _check_tensors(op, {"q": q, "k_cache": k_cache, "v_cache": v_cache, "key_pos": key_pos, "positions": positions,
@@ -322,7 +291,9 @@ def step_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     _check_attention(q, k_cache, v_cache, key_pos, positions, scale, fpa, threshold)
     B, H, S, D = k_cache.shape
     rows = B * H
-    block, chunk, splits, sb = _plan(rows, S, D, q.device, fpa is not None)
+    # blocks of 64 slots at D = 64 with FPA's state, 128 without (the A/B in the launch note above)
+    block, chunk, splits, sb = plan_splits(rows, S, D, q.device, block_values=4096 if fpa else 8192, env="STEP",
+                                           op="step_attention")
     out = q.new_empty(B, H, D, dtype=v_cache.dtype)
     m = torch.empty(rows, splits, dtype=torch.float32, device=q.device)
     l = torch.empty_like(m)

@@ -21,7 +21,8 @@ import triton
 
 from fpa_lightning.ops.common import FAR
 from fpa_lightning.ops.fpa_piece import kernels
-from fpa_lightning.ops.kernel_inputs import check_cached_qkv, check_device, check_scale, env_int
+from fpa_lightning.ops.kernel_inputs import (check_cached_qkv, check_device, check_inference_only, check_scale,
+                                            env_int)
 from fpa_lightning.ops.kernel_inputs import unsupported_reason as kernel_unsupported_reason
 from fpa_lightning.ops.kernel_inputs import with_env_overrides
 from fpa_lightning.ops.kernel_inputs import interpreting as _interpreting
@@ -68,9 +69,7 @@ def _check(q, k, v, key_pos, path_min, level, phi, beta, start, scale, threshold
     check_scale(OP, scale)
     if not isinstance(threshold, (int, float)) or threshold != threshold or threshold == float("inf"):
         raise ValueError(f"{OP}: threshold must be a float below +inf (−inf: no eviction), got {threshold!r}")
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors.values()):
-        raise ValueError(f"{OP}: inference only, there is no backward; call it under torch.no_grad() (or "
-                         "torch.inference_mode()), or with inputs that do not require grad")
+    check_inference_only(OP, tensors)
 
 
 def range_min_table(phi: torch.Tensor) -> torch.Tensor:

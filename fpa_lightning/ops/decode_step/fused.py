@@ -30,16 +30,16 @@ HEAD_DIMS = (16, 32, 64, 128)
 MAX_WIDTH = 16384
 """The widest row add_rms_norm takes (one program holds a row)."""
 
-# GPU launch choices: a norm row on 4 warps (8 from 4096 values), silu_mul blocks of 1024 on 4 warps, store_token on 1
-# warp (a head is 64 values: the slot scan and the gate map's 3·C products are its only loops; a scan block of 1024
-# slots; 4 warps were no faster), set by reasoning; step_attention planned as ops/decode's partial kernel (chunks of at
-# least MIN_CHUNK slots and PROGRAMS_PER_SM programs per SM), with blocks and warps from an A/B on an H200 at 8k, batch
-# 1 (docs/benchmarks/decode_step_2026-12-04): without FPA's state 128 slots on 8 warps (0.561 ms a step against
-# 0.608 with 64), with it 64 slots on 4 warps (0.640 against 0.665 on 8; 128 slots: 0.652). The
-# interpreter: ops/decode's attention plan (blocks of 8 slots in chunks of 16), a scan block of 8 and a gate block of
-# 16, so its tiny tests cross every boundary. STEP_BLOCK_S, STEP_CHUNK and STEP_WARPS override the attention's blocks and warps, STEP_STORE_WARPS
-# and STEP_SCAN_BLOCK store_token's warps and slot-scan block (A/B benchmarks only; benchmarks/candidates/README.md
-# lists the settings waiting for one).
+# GPU launch choices, from A/Bs on an H200 at batch 1, one process per setting (docs/benchmarks/decode_step_2026-12-04,
+# decode_step_s2_2026-12-04): a norm row on 4 warps (8 from 4096 values) and silu_mul blocks of 1024 on 4 warps, set
+# by reasoning; store_token appending on 1 warp (a head is 64 values; 4 warps were no faster), evicting on 4 warps with
+# its slot scan in blocks of 4096 (0.500 ms a step at 8k against 0.521 with 1 warp and blocks of 1024); step_attention
+# planned as ops/decode's partial kernel (chunks of at least MIN_CHUNK slots, PROGRAMS_PER_SM programs per SM) on
+# 8192-value blocks (128 slots at D = 64) and 4 warps, with or without FPA's state (at 8k: softmax 0.547 against 0.563
+# on 8 warps; FPA 0.565 against 0.651 on 64 slots). The interpreter: ops/decode's attention plan (blocks of 8 slots in
+# chunks of 16), a scan block of 8 and a gate block of 16, so its tiny tests cross every boundary. STEP_BLOCK_S,
+# STEP_CHUNK and STEP_WARPS override the attention's blocks and warps, STEP_STORE_WARPS and STEP_SCAN_BLOCK
+# store_token's warps and slot-scan block (A/B benchmarks only).
 _INTERPRETER = {"scan": 8, "gate": 16}
 
 
@@ -211,10 +211,10 @@ def store_token(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor | 
         *(level.stride()[:2] if fpa else (0, 0)), *(path_min.stride()[:2] if fpa else (0, 0)),
         H, S, C,
         D=D, HAS_ROPE=cos is not None, APPEND=bool(append),
-        BLOCK_S=_INTERPRETER["scan"] if interpreting else env_int("STEP_SCAN_BLOCK") or 1024,
+        BLOCK_S=_INTERPRETER["scan"] if interpreting else env_int("STEP_SCAN_BLOCK") or 4096,
         FPA=fpa is not None, MAPS=gate_weight.shape[0] // H if fpa else 1,
         BLOCK_C=_INTERPRETER["gate"] if interpreting else min(1024, triton.next_power_of_2(C)),
-        **({} if interpreting else {"num_warps": env_int("STEP_STORE_WARPS") or 1}),
+        **({} if interpreting else {"num_warps": env_int("STEP_STORE_WARPS") or (1 if append else 4)}),
     )
     return q, k, slots, phi
 
@@ -291,17 +291,14 @@ def step_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     _check_attention(q, k_cache, v_cache, key_pos, positions, scale, fpa, threshold)
     B, H, S, D = k_cache.shape
     rows = B * H
-    # blocks of 64 slots at D = 64 with FPA's state, 128 without (the A/B in the launch note above)
-    block, chunk, splits, sb = plan_splits(rows, S, D, q.device, block_values=4096 if fpa else 8192, env="STEP",
-                                           op="step_attention")
+    block, chunk, splits, sb = plan_splits(rows, S, D, q.device, block_values=8192, env="STEP", op="step_attention")
     out = q.new_empty(B, H, D, dtype=v_cache.dtype)
     m = torch.empty(rows, splits, dtype=torch.float32, device=q.device)
     l = torch.empty_like(m)
     acc = torch.empty(rows, splits, D, dtype=torch.float32, device=q.device)
     dummy = m  # never read without FPA
     evict = fpa is not None and threshold > float("-inf")
-    launch = {} if _interpreting() else {"num_warps": env_int("STEP_WARPS") or (4 if fpa or D < 64 else 8),
-                                         "num_stages": 2}
+    launch = {} if _interpreting() else {"num_warps": env_int("STEP_WARPS") or 4, "num_stages": 2}
     kernels._step_attn_partial_kernel[(rows, splits)](
         q, k_cache, v_cache, key_pos, positions, *(given[name] if fpa else dummy for name in names), m, l, acc,
         q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], *key_pos.stride()[:2],

@@ -64,6 +64,33 @@ def _rope_half(first, second, TAB_COS, TAB_SIN, offs_h, HALF: tl.constexpr):
 
 
 @triton.jit
+def _gate_map(GW, GB, X, WALK, b64, h, H, C, MAPS: tl.constexpr, BLOCK_C: tl.constexpr):
+    """FPA's gate map for one (row, head): δ (gate row h), g (H + h) and h (2H + h) as fp32 dot products with the
+    row x of C values -> the advanced walk W_t = W_{t−1} + δ, the field φ_t = W_t + g and the new key's level
+    ψ_t = W_t + h (φ = ψ = W with fewer maps)."""
+    offs_c = tl.arange(0, BLOCK_C)
+    acc = tl.zeros([BLOCK_C], dtype=tl.float32)
+    acc_g = tl.zeros([BLOCK_C], dtype=tl.float32)
+    acc_h = tl.zeros([BLOCK_C], dtype=tl.float32)
+    for c0 in range(0, C, BLOCK_C):
+        ok = c0 + offs_c < C
+        x = tl.load(X + b64 * C + c0 + offs_c, mask=ok, other=0.0).to(tl.float32)
+        acc += x * tl.load(GW + h * C + c0 + offs_c, mask=ok, other=0.0)
+        if MAPS > 1:
+            acc_g += x * tl.load(GW + (H + h) * C + c0 + offs_c, mask=ok, other=0.0)
+        if MAPS > 2:
+            acc_h += x * tl.load(GW + (2 * H + h) * C + c0 + offs_c, mask=ok, other=0.0)
+    walk = tl.load(WALK + b64 * H + h) + (tl.sum(acc, axis=0) + tl.load(GB + h))
+    phi = walk
+    psi = walk
+    if MAPS > 1:
+        phi = walk + (tl.sum(acc_g, axis=0) + tl.load(GB + H + h))
+    if MAPS > 2:
+        psi = walk + (tl.sum(acc_h, axis=0) + tl.load(GB + 2 * H + h))
+    return walk, phi, psi
+
+
+@triton.jit
 def _store_token_kernel(
     QKV, POS, COS, SIN, KC, VC, KP, Q_OUT, K_OUT, SLOTS,
     GW, GB, X, WALK, LEVEL, PMIN, PHI,
@@ -76,6 +103,10 @@ def _store_token_kernel(
     h = tl.program_id(1)
     b64 = b.to(tl.int64)
     HALF: tl.constexpr = D // 2
+    # Every load comes before the first store: the compiler cannot move a load past a store that may alias it, so a
+    # load after the cache writes would add its latency to the kernel's.
+    if FPA:
+        walk, phi, psi = _gate_map(GW, GB, X, WALK, b64, h, H, C, MAPS, BLOCK_C)
     pos = tl.load(POS + b)  # int64
     kp_base = KP + b64 * s_pb + h * s_ph
     if APPEND:
@@ -113,27 +144,7 @@ def _store_token_kernel(
     tl.store(kp_base + slot, pos.to(tl.int32))
     tl.store(SLOTS + b64 * H + h, slot)
     if FPA:
-        # the gate map's rows of this head: δ (row h), g (H + h), h (2H + h), dot products with x in fp32
-        offs_c = tl.arange(0, BLOCK_C)
-        acc = tl.zeros([BLOCK_C], dtype=tl.float32)
-        acc_g = tl.zeros([BLOCK_C], dtype=tl.float32)
-        acc_h = tl.zeros([BLOCK_C], dtype=tl.float32)
-        for c0 in range(0, C, BLOCK_C):
-            ok = c0 + offs_c < C
-            x = tl.load(X + b64 * C + c0 + offs_c, mask=ok, other=0.0).to(tl.float32)
-            acc += x * tl.load(GW + h * C + c0 + offs_c, mask=ok, other=0.0)
-            if MAPS > 1:
-                acc_g += x * tl.load(GW + (H + h) * C + c0 + offs_c, mask=ok, other=0.0)
-            if MAPS > 2:
-                acc_h += x * tl.load(GW + (2 * H + h) * C + c0 + offs_c, mask=ok, other=0.0)
-        walk = tl.load(WALK + b64 * H + h) + (tl.sum(acc, axis=0) + tl.load(GB + h))
         tl.store(WALK + b64 * H + h, walk)
-        phi = walk
-        psi = walk
-        if MAPS > 1:
-            phi = walk + (tl.sum(acc_g, axis=0) + tl.load(GB + H + h))
-        if MAPS > 2:
-            psi = walk + (tl.sum(acc_h, axis=0) + tl.load(GB + 2 * H + h))
         tl.store(PHI + b64 * H + h, phi)
         tl.store(LEVEL + b64 * s_lb + h * s_lh + slot, psi)
         tl.store(PMIN + b64 * s_mb + h * s_mh + slot, FAR)
@@ -176,24 +187,31 @@ def _step_attn_partial_kernel(
     for start in range(lo, hi, BLOCK_S):
         offs_s = start + tl.arange(0, BLOCK_S)
         ok = offs_s < hi
+        # the block's stores come last: a load after a store that may alias it cannot be issued early
         kp = tl.load(kp_base + offs_s, mask=ok, other=FREE)
-        seen = (kp != FREE) & (kp <= t)
         k = tl.load(k_base + offs_s[:, None] * s_ks + offs_d[None, :], mask=ok[:, None], other=0.0)
+        if FPA:
+            m_old = tl.load(pm_base + offs_s, mask=ok, other=FAR)
+            level = tl.load(lv_base + offs_s, mask=ok, other=0.0)
+        seen = (kp != FREE) & (kp <= t)
         s = tl.sum(k.to(tl.float32) * q[None, :], axis=1)  # (BLOCK_S,) fp32
         if FPA:
-            older = kp < t  # the query moves every key older than itself (free slots too: they are rewritten)
-            m = tl.load(pm_base + offs_s, mask=ok, other=FAR)
-            m = tl.where(older, tl.minimum(m, phi), m)
-            tl.store(pm_base + offs_s, m, mask=ok)
-            bias = beta * tl.minimum(m - tl.load(lv_base + offs_s, mask=ok, other=0.0), 0.0)
+            # the query moves every key older than itself (free slots too: they are rewritten); only the minima that
+            # fall are written back
+            moved = ok & (kp < t) & (phi < m_old)
+            m = tl.where(moved, phi, m_old)
+            bias = beta * tl.minimum(m - level, 0.0)
             if EVICT:
-                gone = seen & older & (bias < threshold)
-                tl.store(kp_base + offs_s, tl.full([BLOCK_S], FREE, tl.int32), mask=ok & gone)
+                gone = seen & (kp < t) & (bias < threshold)
                 seen = seen & (gone == 0)
             s += bias
         s = tl.where(seen, s, float("-inf"))
         v = tl.load(v_base + offs_s[:, None] * s_vs + offs_d[None, :], mask=ok[:, None], other=0.0)
         m_i, l_i, acc = online_softmax_block(s, v, m_i, l_i, acc)
+        if FPA:
+            tl.store(pm_base + offs_s, m, mask=moved)
+            if EVICT:
+                tl.store(kp_base + offs_s, tl.full([BLOCK_S], FREE, tl.int32), mask=ok & gone)
     slot = row.to(tl.int64) * SPLITS + split
     tl.store(M + slot, m_i)
     tl.store(L + slot, l_i)

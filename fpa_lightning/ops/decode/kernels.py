@@ -42,6 +42,25 @@ def online_softmax_block(s, v, m_i, l_i, acc):
 
 
 @triton.jit
+def split_start(split, CHUNK, S, D: tl.constexpr):
+    """A split-K program's slots [lo, hi) (split `split` of chunks of CHUNK over S slots) and its empty online
+    softmax (m_i, l_i, acc). Also the decoding step's kernel (ops/decode_step) starts its splits here."""
+    lo = split * CHUNK
+    hi = tl.minimum(lo + CHUNK, S)
+    return lo, hi, float("-inf"), 0.0, tl.zeros([D], dtype=tl.float32)
+
+
+@triton.jit
+def store_split(M, L, ACC, row, split, SPLITS, m_i, l_i, acc, offs_d, D: tl.constexpr):
+    """A split's running max, sum and unnormalised output into the scratch the combine kernel reads (row-major over
+    (rows, SPLITS)). Also the decoding step's kernel stores its splits here."""
+    slot = row.to(tl.int64) * SPLITS + split
+    tl.store(M + slot, m_i)
+    tl.store(L + slot, l_i)
+    tl.store(ACC + slot * D + offs_d, acc)
+
+
+@triton.jit
 def _decode_attn_partial_kernel(
     Q, K, V, BIAS, VIS, M, L, ACC,
     s_qb, s_qn, s_qh, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs,
@@ -61,11 +80,7 @@ def _decode_attn_partial_kernel(
     v_base = V + b64 * s_vb + h * s_vh
     bias_base = BIAS + b64 * s_bb + h * s_bh + i * s_bn
     vis_base = VIS + b64 * s_mb + h * s_mh + i * s_mn
-    lo = split * CHUNK
-    hi = tl.minimum(lo + CHUNK, S)
-    m_i = float("-inf")
-    l_i = 0.0
-    acc = tl.zeros([D], dtype=tl.float32)
+    lo, hi, m_i, l_i, acc = split_start(split, CHUNK, S, D)
     for start in range(lo, hi, BLOCK_S):
         offs_s = start + tl.arange(0, BLOCK_S)
         ok = offs_s < hi
@@ -77,10 +92,7 @@ def _decode_attn_partial_kernel(
         s = tl.where(seen, s, float("-inf"))
         v = tl.load(v_base + offs_s[:, None] * s_vs + offs_d[None, :], mask=ok[:, None], other=0.0)
         m_i, l_i, acc = online_softmax_block(s, v, m_i, l_i, acc)
-    slot = row.to(tl.int64) * SPLITS + split
-    tl.store(M + slot, m_i)
-    tl.store(L + slot, l_i)
-    tl.store(ACC + slot * D + offs_d, acc)
+    store_split(M, L, ACC, row, split, SPLITS, m_i, l_i, acc, offs_d, D)
 
 
 @triton.jit

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from fpa_lightning.ops import common
-from fpa_lightning.ops.decode.kernels import online_softmax_block
+from fpa_lightning.ops.decode.kernels import online_softmax_block, split_start, store_split
 
 FREE = tl.constexpr(common.FREE)  # a free slot's key_pos
 FAR = tl.constexpr(common.FAR)  # the path minimum of an empty range
@@ -179,11 +179,7 @@ def _step_attn_partial_kernel(
     if FPA:
         phi = tl.load(PHI + b64 * H + h)
         beta = _softplus(tl.load(BETA_RAW + h))
-    lo = split * CHUNK
-    hi = tl.minimum(lo + CHUNK, S)
-    m_i = float("-inf")
-    l_i = 0.0
-    acc = tl.zeros([D], dtype=tl.float32)
+    lo, hi, m_i, l_i, acc = split_start(split, CHUNK, S, D)
     for start in range(lo, hi, BLOCK_S):
         offs_s = start + tl.arange(0, BLOCK_S)
         ok = offs_s < hi
@@ -212,7 +208,4 @@ def _step_attn_partial_kernel(
             tl.store(pm_base + offs_s, m, mask=moved)
             if EVICT:
                 tl.store(kp_base + offs_s, tl.full([BLOCK_S], FREE, tl.int32), mask=ok & gone)
-    slot = row.to(tl.int64) * SPLITS + split
-    tl.store(M + slot, m_i)
-    tl.store(L + slot, l_i)
-    tl.store(ACC + slot * D + offs_d, acc)
+    store_split(M, L, ACC, row, split, SPLITS, m_i, l_i, acc, offs_d, D)

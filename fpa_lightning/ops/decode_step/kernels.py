@@ -192,13 +192,12 @@ def _step_attn_partial_kernel(
         seen = (kp != FREE) & (kp <= t)
         s = tl.sum(k.to(tl.float32) * q[None, :], axis=1)  # (BLOCK_S,) fp32
         if FPA:
-            # the query moves every key older than itself (free slots too: they are rewritten); only the minima that
-            # fall are written back
-            moved = ok & (kp < t) & (phi < m_old)
+            older = kp < t  # the query moves every key older than itself (free slots too: they are rewritten)
+            moved = ok & older & (phi < m_old)  # only the minima that fall are written back
             m = tl.where(moved, phi, m_old)
             bias = beta * tl.minimum(m - level, 0.0)
             if EVICT:
-                gone = seen & (kp < t) & (bias < threshold)
+                gone = seen & older & (bias < threshold)
                 seen = seen & (gone == 0)
             s += bias
         s = tl.where(seen, s, float("-inf"))

@@ -6,8 +6,12 @@ q, k, v: (B, T, H, D); log_gate_cumsum c: (B, T, H) fp32, c = cumsum of logsigmo
 Bias b[t, s] = c_t − c_s, causal; with segment_ids (B, T) also restricted to keys of the query's document (a
 document mask_mod). Gradients flow to q, k, v and c. CUDA only: no silent fallback.
 
-The score_mod indexes two tensors, `c` for the query side and `c.clone()` for the key side: indexing
-one grad-requiring tensor twice does not compile for training (docs/kernel.md, "FlexAttention").
+The score_mod indexes two tensors, `c` for the query side and `c` for the key side, and only the key side carries a
+gradient. The query side's gradient is exactly zero: a term that depends on the query alone adds the same constant to
+a softmax row, and each row of the score gradient dS sums to zero (Σ_s P·(dP − Δ) = Δ − Δ); left grad-requiring, it
+only cost FlexAttention an atomic accumulation of that zero. (Indexing one grad-requiring tensor twice also does not
+compile for training.) The key side's gradient is accumulated with atomic adds in a varying order, so c's gradient
+is not bit-for-bit repeatable: docs/kernel.md, "FlexAttention".
 
 Lengths: the inputs are padded at the end to the next power of two, at least ``MIN_LENGTH`` (padded keys lie after
 every real query, so causality hides them; padded rows are cut off), and the function is compiled for
@@ -88,8 +92,8 @@ def fox_flex_attention(q, k, v, log_gate_cumsum, *, scale=None, segment_ids=None
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     pad = padded_length(T) - T
     heads_first = [F.pad(t, (0, 0, 0, 0, 0, pad)).transpose(1, 2) for t in (q, k, v)]  # (B, H, Tp, D)
-    cq = F.pad(c.float(), (0, 0, 0, pad)).transpose(1, 2).contiguous()  # (B, H, Tp), query side
-    ck = cq.clone()  # key side: a second tensor (the trap)
+    ck = F.pad(c.float(), (0, 0, 0, pad)).transpose(1, 2).contiguous()  # (B, H, Tp), key side: carries c's gradient
+    cq = ck.detach()  # query side: its gradient is exactly zero (the docstring), so none is accumulated
     if segment_ids is None:
         block_mask = _causal_block_mask(T + pad, str(q.device))
     else:  # padded positions form a document of their own (id −1): a padded row still sees its own key

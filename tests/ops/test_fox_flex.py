@@ -153,6 +153,17 @@ def test_flex_forward_on_cpu_matches_the_definition(documents, monkeypatch):
     torch.testing.assert_close(out, want, rtol=1e-10, atol=1e-10)
 
 
+def test_query_side_of_the_bias_has_exactly_zero_gradient():
+    """Why fox_flex_attention may detach the query side of c: a per-query term adds one constant to a softmax row,
+    and each row of dS sums to zero, so its gradient is zero (float64: rounding only), while the key side's is not."""
+    (q, k, v, c), do = _inputs(2, 37, 3, 8, seed=5)
+    cq, ck = c.clone().requires_grad_(), c.clone().requires_grad_()
+    out = dense_attention(q, k, v, cq.transpose(1, 2)[..., :, None] - ck.transpose(1, 2)[..., None, :])
+    out.backward(do)
+    assert ck.grad.abs().max() > 1e-2
+    assert cq.grad.abs().max() < 1e-12 * ck.grad.abs().max()
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(2, 256, 3, 64), (1, 1000, 2, 64), (1, 2048, 2, 128), (2, 129, 2, 32)])
 def test_gpu_matches_float64_reference(shape):

@@ -1,140 +1,205 @@
 #!/usr/bin/env bash
 # The language-model study (docs/lm_study.md) on any machine with a GPU: train FPA, FoX and softmax (configs/study/)
-# on the offline corpus through train.py, then evaluate them with every eval.py task on the same items.
+# on the offline corpus through train.py with several initialisation seeds, evaluate every trained model alone with
+# the eval.py tasks on the same items (per-item results kept), and compare the backends across seeds with
+# `eval.py seeds` (seed-level intervals, sign test; a verdict only from two seeds on).
 #
-#   bash benchmarks/lm_study.sh all                  # verify + train fpa fox sdpa + eval + summary
-#   bash benchmarks/lm_study.sh verify               # the corpus's sha256 against its manifest
-#   bash benchmarks/lm_study.sh train fpa fox        # train these (a model trained before is skipped)
-#   bash benchmarks/lm_study.sh eval [GROUP ...]     # groups: loss long passkey ruler babilong prune evict generate
-#                                                    #         lm_eval (default: all of them)
-#   bash benchmarks/lm_study.sh summary              # status table of every step run so far
-#   bash benchmarks/lm_study.sh pack FILE.tar.gz     # the results without checkpoints (event files, JSON, logs)
+#   bash benchmarks/lm_study.sh verify                      # the corpus's sha256 against its manifest
+#   SEEDS="0 1 2 3 4" bash benchmarks/lm_study.sh run fpa fox   # train + evaluate every (backend, lr, seed) unit
+#   LRS="3e-4 6e-4 1e-3 2e-3" bash benchmarks/lm_study.sh sweep fpa fox sdpa   # train only (seed 0): val loss per lr
+#   bash benchmarks/lm_study.sh compare fpa fox             # eval.py seeds for each task both sides have (CPU is fine)
+#   bash benchmarks/lm_study.sh summary                     # every finished run's final losses, then status.tsv
+#   bash benchmarks/lm_study.sh pack FILE.tar.gz            # the results without checkpoints or event files' images
+#
+# A unit is one (backend, learning rate, seed): its run is named study_<backend>_lr<lr>_s<seed> (the seed and the
+# rate are in the name, in the run's config.yaml and in every eval JSON, which reads them from the checkpoint).
+# Resuming across GPU leases: a unit whose evaluations are all in $RESULTS is skipped; one trained in an earlier lease
+# whose checkpoint is gone but whose evaluations are incomplete is trained again, and its new final losses are
+# checked against the recorded ones (runs/<name>/final.json; a mismatch is reported, FPA's training is deterministic).
+# Carry $RESULTS (without checkpoints: `pack`) into the next lease and run the same command.
 #
 # Environment:
+#   SEEDS      initialisation seeds (seed_everything), default "0"
+#   VARY_DATA  1: the data order's seed follows the initialisation seed (default 0: one data order for every run)
+#   LRS        peak learning rates, default "1e-3" (configs/base/110m.yaml's; a test keeps the two equal)
+#   EVALS      evaluations per unit, default "loss long passkey ruler babilong prune" (the tasks that compare)
+#   PARALLEL   units trained side by side on the one GPU (default 1; 2 overlaps start-up, data and evaluation)
 #   CORPUS     the corpus folder (default data/corpus: python -m datamodules.build_corpus --out data/corpus)
-#   RESULTS    where runs/, eval/, logs/ and status.tsv go (default lm_study_results)
+#   RESULTS    where runs/, eval/, compare/, logs/ and status.tsv go (default lm_study_results)
 #   TOKENIZER  a tokenizer.json for train.py and eval.py (default: the offline Mistral tokenizer, which needs the
 #              mistral-common package; pass one written by datamodules.mistral_tokenizer().save(path) elsewhere)
 #   SMOKE=1    the same steps at a tiny shape on a CPU (a few steps, short lengths): checks the whole script
 #   TRAIN_ARGS extra train.py overrides for every model
-#   STOP_AFTER no step starts after this many seconds (a machine that runs one command for at most N minutes runs
-#              the study as several commands: finished models and evaluations are skipped on the next call)
-# Every step's command, exit code and seconds go to $RESULTS/status.tsv; a failed eval step does not stop the
-# others, and the script exits non-zero if any step failed.
+#   STOP_AFTER no unit or step starts after this many seconds (a machine that runs one command for at most N minutes
+#              runs the study as several commands: what finished is skipped on the next call)
+# Every step's command, exit code and seconds go to $RESULTS/status.tsv; a failed step does not stop the others, and
+# the script exits non-zero if any step failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 corpus=${CORPUS:-data/corpus}
 results=${RESULTS:-lm_study_results}
-backends=(fpa fox sdpa)
+seeds=(${SEEDS:-0})
+lrs=(${LRS:-1e-3})
+evals=(${EVALS:-loss long passkey ruler babilong prune})
+parallel=${PARALLEL:-1}
 export PYTHONUNBUFFERED=1 PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
 python=${PYTHON:-python3}
-mkdir -p "$results/logs" "$results/eval"
+mkdir -p "$results/logs" "$results/eval" "$results/runs" "$results/compare"
 touch "$results/status.tsv"
 failed=0
 
 if [ "${SMOKE:-0}" = 1 ]; then  # the shape and lengths shrunk so that every step runs on a CPU in seconds
     context=128
-    train_shape=(--trainer.accelerator=cpu --trainer.precision=32-true --trainer.max_steps=6
-                 --trainer.val_check_interval=3 --model.model.n_layer=2 --model.model.d_model=64
+    train_shape=(--trainer.accelerator=cpu --trainer.precision=32-true --trainer.max_steps=4
+                 --trainer.val_check_interval=2 --trainer.log_every_n_steps=1 --model.model.n_layer=2 --model.model.d_model=64
                  --model.model.n_head=1 --model.model.d_mlp=128 --model.model.attention.impl=chunked
                  --data.init_args.seq_len=$context --data.init_args.batch_size=4 --data.init_args.max_val_batches=2
                  --data.init_args.num_workers=1 --model.optim.warmup_steps=2)
     eval_common=(--device cpu --precision 32)
-    trials=2; ruler_trials=1; ruler_factors="4 8 16"; prune_docs=2; real_eviction_docs=1; max_new_tokens=8
+    trials=2; ruler_trials=1; ruler_factors="4 8 16"; prune_docs=2; max_docs=(--max-docs 8)
 else
     context=2048
     train_shape=()
     eval_common=(--device cuda --precision bf16)
-    trials=50; ruler_trials=10; ruler_factors="2 4 8"; prune_docs=8; real_eviction_docs=2; max_new_tokens=96
+    trials=50; ruler_trials=10; ruler_factors="2 4 8"; prune_docs=8; max_docs=()
 fi
 tokenizer_train=(); tokenizer_eval=()
 if [ -n "${TOKENIZER:-}" ]; then
     tokenizer_train=(--data.init_args.tokenizer="$TOKENIZER"); tokenizer_eval=(--tokenizer "$TOKENIZER")
 fi
 
+too_late() { [ -n "${STOP_AFTER:-}" ] && [ "$SECONDS" -ge "$STOP_AFTER" ]; }
+
 # step NAME COMMAND...: run, log to logs/NAME.log, record "NAME exit seconds command" in status.tsv
 step() {
     local name=$1; shift
-    if [ -n "${STOP_AFTER:-}" ] && [ "$SECONDS" -ge "$STOP_AFTER" ]; then
-        echo "== $name: not started (STOP_AFTER=$STOP_AFTER s reached); run the same command again"; return 1
-    fi
+    if too_late; then echo "== $name: not started (STOP_AFTER=$STOP_AFTER s reached); run the same command again"; return 1; fi
     local start=$SECONDS
     echo "== $name: $*"
     "$@" >"$results/logs/$name.log" 2>&1
     local code=$?
     printf '%s\t%s\t%s\t%s\n' "$name" "$code" "$((SECONDS - start))" "$*" >>"$results/status.tsv"
-    tail -n 4 "$results/logs/$name.log"
+    tail -n 3 "$results/logs/$name.log"
     echo "== $name: exit $code after $((SECONDS - start)) s"
     [ "$code" -eq 0 ] || failed=1
     return "$code"
 }
 
-ckpt() { ls "$results/runs/study_$1"/version_*/checkpoints/last.ckpt 2>/dev/null | tail -n 1; }
+run_name() { echo "study_$1_lr$2_s$3"; }  # backend lr seed
+ckpt() { ls "$results/runs/$1"/version_*/checkpoints/last.ckpt 2>/dev/null | tail -n 1; }
 
 verify() { step verify "$python" -m datamodules.build_corpus --verify "$corpus"; }
 
+# train BACKEND LR SEED: one training; on success runs/<name>/final.json holds its final losses
 train() {
-    for backend in "$@"; do
-        if awk -F'\t' -v step="train_$backend" '$1 == step && $2 == 0 {ok = 1} END {exit !ok}' "$results/status.tsv"; then echo "== train_$backend: trained before, skipped"; continue; fi
-        rm -rf "$results/runs/study_$backend"  # an interrupted run's partial folder: start that model afresh
-        step "train_$backend" "$python" train.py fit --config "configs/study/$backend.yaml" \
-            --trainer.logger.init_args.save_dir="$results/runs" --data.init_args.source="$corpus/slimpajama" \
-            "${tokenizer_train[@]}" "${train_shape[@]}" ${TRAIN_ARGS:-}
-    done
-}
-
-# evaluate NAME TASK A B [options]: eval.py on checkpoint A (paired against B unless B is "-")
-evaluate() {
-    local name=$1 task=$2 a=$3 b=$4; shift 4
-    if ls "$results/eval/$name"/*.json >/dev/null 2>&1; then echo "== eval_$name: done before, skipped"; return 0; fi
-    local pair=(--ckpt "$(ckpt "$a")")
-    [ "$b" = - ] || pair+=(--compare "$(ckpt "$b")")
-    step "eval_$name" "$python" eval.py --task "$task" "${pair[@]}" --out "$results/eval/$name" \
-        "${eval_common[@]}" "${tokenizer_eval[@]}" "$@"
+    local backend=$1 lr=$2 seed=$3 name
+    name=$(run_name "$@")
+    local data_seed=()
+    [ "${VARY_DATA:-0}" = 1 ] && data_seed=(--data.init_args.seed="$seed")
+    local previous="$results/runs/$name/final.json"
+    [ -f "$previous" ] && mv "$previous" "$results/runs/$name.final_before.json"
+    rm -rf "$results/runs/$name"  # an interrupted or earlier lease's run: start that unit afresh
+    step "train_$name" "$python" train.py fit --config "configs/study/$backend.yaml" \
+        --trainer.logger.init_args.save_dir="$results/runs" --trainer.logger.init_args.name="$name" \
+        --seed_everything="$seed" --model.optim.lr="$lr" "${data_seed[@]}" \
+        --data.init_args.source="$corpus/slimpajama" "${tokenizer_train[@]}" "${train_shape[@]}" ${TRAIN_ARGS:-} \
+        || return 1
+    "$python" benchmarks/lm_study_runs.py final "$results/runs/$name" --backend "$backend" --lr "$lr" \
+        --seed "$seed" --compare-with "$results/runs/$name.final_before.json"
 }
 
 lengths() { local f out=(); for f in "$@"; do out+=($((context * f))); done; echo "${out[@]}"; }
 
-eval_group() {
-    case $1 in
-    loss)      for b in fox sdpa; do evaluate "test_loss-fpa-$b" test_loss fpa "$b" --data "$corpus/slimpajama"; done ;;
-    long)      for b in fox sdpa; do evaluate "pg19_long-fpa-$b" pg19_long fpa "$b" --data "$corpus/pg19" \
-                   --max-len "$((context * 8))"; done ;;
-    passkey)   for b in fox sdpa; do evaluate "passkey-fpa-$b" passkey fpa "$b" --lengths $(lengths 1 2 4 8) \
-                   --trials "$trials"; done ;;
-    ruler)     for b in fox sdpa; do evaluate "ruler-fpa-$b" ruler fpa "$b" --data "$corpus/pg19" \
-                   --lengths $(lengths $ruler_factors) --trials "$ruler_trials"; done ;;
-    babilong)  for b in fox sdpa; do evaluate "babilong-fpa-$b" babilong fpa "$b" --data "$corpus/pg19" \
-                   --lengths $(lengths 1 2 4) --trials "$ruler_trials"; done ;;
-    prune)     # FoX under the same thresholds; softmax with a sliding window of FPA's mean kept size. Pass keys under
-               # pruning are left out (PRUNE_PASSKEY=1 adds them): unpruned, every model scores 0 at every length
-               # (docs/lm_study.md), and they were four fifths of this step's tokens
-               passkey=(--passkey-lengths); [ "${PRUNE_PASSKEY:-0}" = 1 ] && passkey+=($(lengths 4 8) --trials "$trials")
-               for b in fox sdpa; do evaluate "cache_prune-fpa-$b" cache_prune fpa "$b" --data "$corpus/pg19" \
-                   --thresholds -10 -5 --lengths $(lengths 1 4) --max-docs "$prune_docs" "${passkey[@]}"; done ;;
-    evict)     # a subset through the real KV cache (keys evicted from storage), beside the masking simulation
-               evaluate cache_prune_real-fpa-fox cache_prune fpa fox --data "$corpus/pg19" --real-eviction \
-                   --thresholds -10 --lengths "$context" --max-docs "$real_eviction_docs" --passkey-lengths ;;
-    generate)  for b in "${backends[@]}"; do evaluate "generate-$b" generate "$b" - --max-new-tokens "$max_new_tokens" \
-                   --prompt "And God said unto Moses," "def fibonacci(n):" "The kernel's memory allocator"; done ;;
-    lm_eval)   evaluate lm_eval-fpa-fox lm_eval fpa fox --include-path examples/lm_eval --tasks kjv_cloze ;;
-    *)         echo "unknown eval group $1" >&2; failed=1 ;;
+# evaluate NAME GROUP: one eval.py task on the unit's checkpoint alone, into eval/<name>/<task>/
+evaluate() {
+    local name=$1 group=$2 task args=()
+    case $group in
+    loss)     task=test_loss; args=(--data "$corpus/slimpajama" "${max_docs[@]}") ;;
+    long)     task=pg19_long; args=(--data "$corpus/pg19" --max-len "$((context * 8))") ;;
+    passkey)  task=passkey; args=(--lengths $(lengths 1 2 4 8) --trials "$trials") ;;
+    ruler)    task=ruler; args=(--data "$corpus/pg19" --lengths $(lengths $ruler_factors) --trials "$ruler_trials") ;;
+    babilong) task=babilong; args=(--data "$corpus/pg19" --lengths $(lengths 1 2 4) --trials "$ruler_trials") ;;
+    prune)    # a model without a bias (softmax) has nothing to prune: its window comparison needs FPA's kept size
+              [[ $name == study_sdpa_* ]] && return 0
+              task=cache_prune; args=(--data "$corpus/pg19" --thresholds -10 -5 --lengths $(lengths 1 4)
+                                      --max-docs "$prune_docs" --passkey-lengths) ;;
+    *)        echo "unknown eval group $group" >&2; failed=1; return 1 ;;
     esac
+    local out="$results/eval/$name/$task"
+    [ -f "$out/$task.json" ] && return 0
+    step "eval_${name}_$task" "$python" eval.py --task "$task" --ckpt "$(ckpt "$name")" --out "$out" --overwrite \
+        "${eval_common[@]}" "${tokenizer_eval[@]}" "${args[@]}"
 }
 
-summary() { echo "== status ($results/status.tsv): step, exit code, seconds"; cut -f1-3 "$results/status.tsv"; }
+evals_done() {  # NAME: every requested evaluation of the unit has its JSON
+    local name=$1 group task
+    for group in "${evals[@]}"; do
+        case $group in loss) task=test_loss ;; long) task=pg19_long ;; prune) task=cache_prune
+                       [[ $name == study_sdpa_* ]] && continue ;; *) task=$group ;; esac
+        [ -f "$results/eval/$name/$task/$task.json" ] || return 1
+    done
+}
 
-command=${1:-all}; shift || true
+# unit BACKEND LR SEED [train-only]: train unless finished (or its checkpoint is still here), then evaluate
+unit() {
+    local backend=$1 lr=$2 seed=$3 only=${4:-} name
+    name=$(run_name "$backend" "$lr" "$seed")
+    if [ -f "$results/runs/$name/final.json" ] && { [ -n "$only" ] || evals_done "$name"; }; then
+        echo "== $name: finished before, skipped"; return 0
+    fi
+    too_late && { echo "== $name: not started (STOP_AFTER reached)"; return 1; }
+    if [ ! -f "$results/runs/$name/final.json" ] || [ -z "$(ckpt "$name")" ]; then
+        train "$backend" "$lr" "$seed" || return 1
+    fi
+    [ -n "$only" ] && return 0
+    local group
+    for group in "${evals[@]}"; do evaluate "$name" "$group"; done
+}
+
+# units BACKEND... [train-only]: every (backend, lr, seed), PARALLEL lanes side by side
+units() {
+    local only=$1; shift
+    local list=() backend lr seed
+    for seed in "${seeds[@]}"; do for lr in "${lrs[@]}"; do for backend in "$@"; do
+        list+=("$backend $lr $seed"); done; done; done
+    local lane pids=()
+    for ((lane = 0; lane < parallel; lane++)); do
+        (for ((i = lane; i < ${#list[@]}; i += parallel)); do unit ${list[$i]} $only; done; exit "$failed") &
+        pids+=($!)
+    done
+    local pid; for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
+}
+
+# compare A B: eval.py seeds on every task both backends have results for, per learning rate
+compare() {
+    local a=$1 b=$2 lr task
+    for lr in "${lrs[@]}"; do
+        for task in test_loss pg19_long passkey ruler babilong cache_prune; do
+            local side_a=("$results/eval/study_${a}_lr${lr}_s"*/"$task/$task.json")
+            local side_b=("$results/eval/study_${b}_lr${lr}_s"*/"$task/$task.json")
+            [ -f "${side_a[0]}" ] && [ -f "${side_b[0]}" ] || continue
+            step "compare_${a}_${b}_lr${lr}_$task" "$python" eval.py seeds --task "$task" --a "${side_a[@]}" \
+                --b "${side_b[@]}" --out "$results/compare/${a}-${b}_lr$lr" --overwrite
+        done
+    done
+}
+
+summary() {
+    echo "== finished runs (runs/*/final.json)"
+    "$python" benchmarks/lm_study_runs.py finals "$results/runs"
+    echo "== status ($results/status.tsv): step, exit code, seconds"; cut -f1-3 "$results/status.tsv"
+}
+
+command=${1:-}; shift || true
+backends=("$@"); [ ${#backends[@]} -gt 0 ] || backends=(fpa fox sdpa)
 case $command in
     verify)  verify ;;
-    train)   train "${@:-${backends[@]}}" ;;
-    eval)    groups=("${@:-loss long passkey ruler babilong prune evict generate lm_eval}")
-             for group in ${groups[@]}; do eval_group "$group"; done ;;
+    run)     units "" "${backends[@]}" ;;
+    sweep)   seeds=(0); units train-only "${backends[@]}" ;;
+    compare) compare "${1:?compare needs two backends}" "${2:?compare needs two backends}" ;;
     summary) ;;
     pack)    tar --exclude='*.ckpt' -czf "${1:?pack needs an output file}" "$results" && ls -l "$1" ;;
-    all)     verify && train "${backends[@]}"
-             for group in loss long passkey ruler babilong prune evict generate lm_eval; do eval_group "$group"; done ;;
-    *)       echo "usage: $0 [all|verify|train BACKEND...|eval [GROUP...]|summary|pack FILE]" >&2; exit 2 ;;
+    *)       echo "usage: $0 verify|run [BACKEND...]|sweep [BACKEND...]|compare A B|summary|pack FILE" >&2; exit 2 ;;
 esac
 summary
 exit "$failed"

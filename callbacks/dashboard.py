@@ -52,7 +52,7 @@ def dashboard_layout(n_layer: int) -> dict:
             "median alive fraction (queries past query_start)": ["Multiline", [r"^heads/summary/median_alive_fraction$"]],
             "heads with >= 10% non-suffix alive keys (of heads_with_bias)": [
                 "Multiline", [r"^heads/summary/nonsuffix_heads$", r"^heads/summary/heads_with_bias$"]],
-            "key deaths at document starts / all tokens": ["Multiline", [r"^heads/summary/boundary_ratio$"]],
+            "key deaths at document boundaries / all tokens": ["Multiline", [r"^heads/summary/boundary_ratio$"]],
         },
         "long context": {
             "loss by position bucket": ["Multiline", [r"^long_context/loss/"]],

@@ -2,17 +2,15 @@
 three are overlays of configs/base/study.yaml that differ only in attention and run name, their resolved model section
 is the paper-scale configs' one, and a 2-step CPU run of each (shape shrunk on the command line) trains on a corpus in
 the SlimPajama layout and logs the head and long-context statistics."""
-import json
 import pathlib
 
 import pytest
 import torch
 import yaml
-import zstandard
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from datamodules import SlimPajamaDataModule
-from datamodules.corpus import kjv_books
+from _corpus import write_slimpajama_layout
 from train import main
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -84,16 +82,7 @@ def test_study_model_is_the_paper_scale_model(config, capsys):
 
 @pytest.fixture(scope="module")
 def slimpajama_layout(tmp_path_factory) -> pathlib.Path:
-    """KJV chapters as documents in the layout datamodules.build_corpus writes: <split>/chunk1/part-00000.jsonl.zst.
-    Chapters are short, so packed rows hold several documents (the boundary statistics need document starts)."""
-    root = tmp_path_factory.mktemp("corpus") / "slimpajama"
-    chapters = [(f"{name} {i}", text) for name, book in kjv_books()[:3] for i, text in enumerate(book.split("\n\n"))]
-    for split, chosen in (("train", chapters[:60]), ("validation", chapters[60:90]), ("test", chapters[90:100])):
-        folder = root / split / "chunk1"
-        folder.mkdir(parents=True)
-        lines = "".join(json.dumps({"text": text, "meta": {"title": name}}) + "\n" for name, text in chosen)
-        (folder / "part-00000.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(lines.encode()))
-    return root
+    return write_slimpajama_layout(tmp_path_factory.mktemp("corpus"))
 
 
 @pytest.mark.parametrize("config", STUDY, ids=lambda p: p.stem)

@@ -11,8 +11,9 @@ Definitions (every backend, from its bias b[t, s]; for FPA b = β·min(0, min_{s
   of a head: its mean over batch rows and queries t ≥ query_start.
 - key s dies at query t (t ≥ 1) when s ∈ A_{t−1} and s ∉ A_t. deaths(t) = |A_{t−1} \\ A_t|.
   Death rate = mean of deaths(t) over queries t ≥ 1 (all of them, so that the rare boundaries have samples);
-  boundary death rate = the same mean over document starts (t ≥ 1 with segment_ids[t] ≠ segment_ids[t−1]);
-  boundary ratio = boundary rate / overall rate (NaN when undefined: no deaths or no document start).
+  boundary death rate = the same mean over document boundaries: the EOS that ends a document and the BOS that starts
+  the next one (t ≥ 1 with segment_ids[t] ≠ segment_ids[t+1] or segment_ids[t] ≠ segment_ids[t−1]);
+  boundary ratio = boundary rate / overall rate (NaN when undefined: no deaths or no boundary).
 - FPA walk: the probe exposes φ = W + g and ψ = W + h but not W, so the walk step δ_t = W_t − W_{t−1} is reported
   through the field step φ_t − φ_{t−1} = δ_t + g_t − g_{t−1} and the level step ψ_t − ψ_{t−1} (both equal δ_t
   in the stack form g = h = 0): mean and std per head over batch rows and t ≥ 1.
@@ -29,10 +30,18 @@ import torch
 
 
 def document_starts(segment_ids: torch.Tensor) -> torch.Tensor:
-    """segment_ids (B, T) -> (B, T) bool: True at t ≥ 1 where a new document begins."""
+    """segment_ids (B, T) -> (B, T) bool: True at t ≥ 1 where a new document begins (its BOS)."""
     starts = torch.zeros_like(segment_ids, dtype=torch.bool)
     starts[:, 1:] = segment_ids[:, 1:] != segment_ids[:, :-1]
     return starts
+
+
+def document_boundaries(segment_ids: torch.Tensor) -> torch.Tensor:
+    """segment_ids (B, T) -> (B, T) bool: True at t ≥ 1 where a document ends (its EOS, followed by another document)
+    or begins (its BOS). Both count: a head may drop the finished document at its EOS or at the next BOS."""
+    ends = torch.zeros_like(segment_ids, dtype=torch.bool)
+    ends[:, 1:-1] = segment_ids[:, 1:-1] != segment_ids[:, 2:]
+    return ends | document_starts(segment_ids)
 
 
 @dataclass
@@ -42,7 +51,7 @@ class LayerSurvival:
     alive_fraction: torch.Tensor
     nonsuffix_fraction: torch.Tensor
     death_rate: torch.Tensor  # deaths per query, all queries t ≥ 1
-    boundary_death_rate: torch.Tensor  # deaths per query at document starts (NaN without any)
+    boundary_death_rate: torch.Tensor  # deaths per query at document boundaries, EOS and BOS (NaN without any)
     boundary_ratio: torch.Tensor  # boundary_death_rate / death_rate (NaN where undefined)
     boundary_deaths: torch.Tensor  # totals, kept so model-level ratios pool counts rather than average ratios
     deaths: torch.Tensor
@@ -59,7 +68,7 @@ def layer_survival(
     """Survival statistics of one layer from its bias row blocks (in order, starting at row 0) and segment_ids (B, T)."""
     if threshold > 0:
         raise ValueError(f"threshold must be ≤ 0 (b[t, t] = 0 must count as alive), got {threshold}")
-    boundary = document_starts(segment_ids)  # (B, T)
+    boundary = document_boundaries(segment_ids)  # (B, T)
     alive_sum = nonsuffix_sum = deaths_sum = boundary_sum = None
     n_late = 0
     prev = None  # (B, H, prev_hi): alive row of the previous query, carried across blocks
@@ -130,7 +139,7 @@ def _ratio(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
 
 
 def pooled_boundary_ratio(layers: Iterable[LayerSurvival]) -> float:
-    """Model-level boundary ratio: all heads' boundary deaths per start ÷ all heads' deaths per query (NaN if undefined).
+    """Model-level boundary ratio: all heads' boundary deaths per boundary ÷ all heads' deaths per query (NaN if undefined).
 
     Pooled counts rather than a mean of per-head ratios, which heads with almost no deaths would dominate.
     """

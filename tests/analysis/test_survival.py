@@ -7,6 +7,7 @@ import torch
 
 from fpa_lightning.analysis.survival import (
     count_nonsuffix_heads,
+    document_boundaries,
     document_starts,
     effective_query_start,
     layer_survival,
@@ -40,13 +41,14 @@ def test_hand_built_fpa_statistics(block_size):
     assert stats.alive_fraction.tolist() == pytest.approx([(2 / 4 + 3 / 5 + 4 / 6) / 3, (2 / 4 + 2 / 5 + 2 / 6) / 3])
     # head 0: A_3 = {0, 3}: suffix {3} -> 1/2; A_4 = {0, 3, 4}: suffix {3, 4} -> 1/3; A_5: suffix {3, 4, 5} -> 1/4
     assert stats.nonsuffix_fraction.tolist() == pytest.approx([(1 / 2 + 1 / 3 + 1 / 4) / 3, 0.0])
-    # head 0: 2 deaths (keys 1, 2) at t = 3, the document start; 5 queries t ≥ 1 -> rate 0.4, boundary 2, ratio 5
-    # head 1: key t − 2 dies at each t ≥ 2 -> 4 deaths, rate 0.8; 1 at the start -> ratio 1.25
+    # boundaries: t = 2 (the first document's EOS) and t = 3 (the next one's BOS)
+    # head 0: 2 deaths (keys 1, 2) at t = 3, none at t = 2; 5 queries t ≥ 1 -> rate 0.4; boundary 2 / 2 -> ratio 2.5
+    # head 1: key t − 2 dies at each t ≥ 2 -> 4 deaths, rate 0.8; 1 at each boundary -> ratio 1.25
     assert stats.death_rate.tolist() == pytest.approx([0.4, 0.8])
-    assert stats.boundary_death_rate.tolist() == pytest.approx([2.0, 1.0])
-    assert stats.boundary_ratio.tolist() == pytest.approx([5.0, 1.25])
-    # pooled over both heads: 3 boundary deaths / 2 (start, head) pairs ÷ 6 deaths / 10 (query, head) pairs
-    assert pooled_boundary_ratio([stats]) == pytest.approx(1.5 / 0.6)
+    assert stats.boundary_death_rate.tolist() == pytest.approx([1.0, 1.0])
+    assert stats.boundary_ratio.tolist() == pytest.approx([2.5, 1.25])
+    # pooled over both heads: 4 boundary deaths / 4 (boundary, head) pairs ÷ 6 deaths / 10 (query, head) pairs
+    assert pooled_boundary_ratio([stats]) == pytest.approx(1.0 / 0.6)
     assert count_nonsuffix_heads(stats.nonsuffix_fraction, 0.10) == 1
 
 
@@ -72,6 +74,9 @@ def test_holes_in_a_hand_written_bias():
 def test_document_starts_and_walk_steps():
     assert document_starts(torch.tensor([[0, 0, 1, 1, 2], [3, 3, 3, 3, 3]])).tolist() == [
         [False, False, True, False, True], [False] * 5]
+    # an EOS at t = 0 has no death to count (deaths start at t = 1); the row's last token ends nothing it can see
+    assert document_boundaries(torch.tensor([[0, 1, 1, 2, 2, 2], [3, 3, 3, 3, 3, 3]])).tolist() == [
+        [False, True, True, True, False, False], [False] * 6]
     walk = walk_steps(PHI, 2 * PHI)
     # head 0 steps 10 10 −15 25 10: mean 8, population std sqrt((4 + 4 + 529 + 289 + 4) / 5); head 1 steps all −1
     assert walk["field_step_mean"].tolist() == pytest.approx([8.0, -1.0])
@@ -117,11 +122,11 @@ def test_blockwise_statistics_match_a_naive_reference(backend):
     stats = report.layers[0]
     for h in range(2):
         per_row = [naive_reference(dense[b, min(h, dense.shape[1] - 1)], starts, 20, -1.0)
-                   for b, starts in enumerate([[10, 27], [25]])]
+                   for b, starts in enumerate([[9, 10, 26, 27], [24, 25]])]  # each document's EOS and the next BOS
         fraction, nonsuffix, at_starts, deaths = (sum(r[i] for r in per_row) for i in range(4))
         assert stats.alive_fraction[h].item() == pytest.approx(fraction / 2)
         assert stats.nonsuffix_fraction[h].item() == pytest.approx(nonsuffix / 2)
-        assert stats.boundary_death_rate[h].item() == pytest.approx(at_starts / 3)  # 3 document starts
+        assert stats.boundary_death_rate[h].item() == pytest.approx(at_starts / 6)  # 3 EOS and 3 BOS
         assert stats.death_rate[h].item() == pytest.approx(deaths / (2 * 39))  # 2 rows × queries 1..39
         assert 0.0 <= stats.alive_fraction[h].item() <= 1.0
     if backend == "fpa":

@@ -1,5 +1,10 @@
 """Atomic file writes: every file the project writes for a user (results, checkpoints, exports, corpus parts) goes
-through ``atomic_open``, so a reader, or a crash, sees the old file or the whole new one, never a part of it."""
+through ``atomic_open``, so a reader, or a crash, sees the old file or the whole new one, never a part of it.
+
+A file written atomically gets the permissions a plain ``open(path, "w")`` would give it under the user's umask
+(0644 under the usual 022), not the owner-only 0600 of ``tempfile.mkstemp``: the temporary file is created by
+``open`` itself, and files that a library wrote into a temporary place (safetensors creates its files 0600) are
+given them by ``plain_file_mode`` before they are renamed into place."""
 from __future__ import annotations
 
 import contextlib
@@ -22,7 +27,8 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", durable: bool = True) 
     os.makedirs(folder, exist_ok=True)
     tmp = os.path.join(folder, f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:
-        # "x": create, never truncate (the name is fresh); text files are UTF-8 whatever the locale
+        # "x": create, never truncate (the name is fresh), with open's 0666 & ~umask (mkstemp would make it 0600);
+        # text files are UTF-8 whatever the locale
         with open(tmp, "x", encoding="utf-8") if mode == "w" else open(tmp, "xb") as f:
             yield f
             f.flush()
@@ -35,6 +41,27 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", durable: bool = True) 
         raise
     if durable:
         _fsync_folder(folder)
+
+
+def plain_file_mode() -> int:
+    """The permission bits ``open(path, "w")`` gives a new file in this process: 0o666 less the umask."""
+    return 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    """The process's umask: from /proc/self/status where Linux reports it; elsewhere Python can only read it by
+    setting it, so it is set to 0o077 for that instant and restored (a file another thread creates meanwhile is
+    more private, not less, under any usual umask)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask
 
 
 def write_json(path: str | os.PathLike, record, **dump_kwargs) -> None:

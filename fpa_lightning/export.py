@@ -7,6 +7,11 @@ Decoder's weights under ``model.``, or unprefixed in the older exports; tied emb
 rebuilds the identical Decoder: bit-identical logits on the same device and attention implementation.
 ``init_from_export`` loads such a folder's weights into a Decoder built from a training config, for further
 training (``LanguageModel(init_from=...)``, ``train.py fit --model.init_from=DIR``).
+
+An export by ``eval.py export`` also holds ``checkpoint.json`` (``PROVENANCE``: the checkpoint it was written from,
+its global step and hyper-parameters), so that ``fpa_lightning.evaluation.checkpoint.load_decoder`` reports an export
+folder as it reports that checkpoint, and a model card that ends with ``CARD_MARKER``, by which a later
+``--overwrite`` knows that README.md as its own.
 """
 from __future__ import annotations
 
@@ -19,7 +24,9 @@ import torch
 from fpa_lightning.config import ModelConfig
 from fpa_lightning.model import Decoder
 
-WEIGHTS, CONFIG = "model.safetensors", "config.json"
+WEIGHTS, CONFIG, PROVENANCE = "model.safetensors", "config.json", "checkpoint.json"
+CARD_MARKER = "<!-- model card written by fpa-lightning's eval.py export: --overwrite may replace it -->"
+LEGACY_CARD = "Exported by `eval.py export` from"  # the cards written before CARD_MARKER open with this line
 MODEL_TYPE = "fpa_lightning"
 PREFIX = "model."  # FPAForCausalLM holds the Decoder as .model
 # fields that choose how the same function is computed or trained, not which function: they may differ between an
@@ -39,6 +46,27 @@ def export_config(path: str, impl: str | None = None) -> ModelConfig:
     if impl is not None:
         fields["attention"] = {**fields["attention"], "impl": impl}
     return ModelConfig(**fields)
+
+
+def is_export_folder(path: str) -> bool:
+    """Whether ``path`` is a folder holding an export's (or ``save_pretrained``'s) config.json."""
+    return os.path.isdir(path) and os.path.isfile(os.path.join(path, CONFIG))
+
+
+def export_provenance(path: str) -> dict:
+    """checkpoint.json of an export folder: {"path", "global_step", "hyper_parameters",
+    "datamodule_hyper_parameters", "attention_impls"} of the checkpoint it was written from; {} where the folder has
+    none (an export older than the file, or a save_pretrained folder)."""
+    record = os.path.join(path, PROVENANCE)
+    if not os.path.isfile(record):
+        return {}
+    with open(record, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def is_export_card(text: str) -> bool:
+    """Whether a README.md is a model card an export wrote (so ``--overwrite`` may replace it)."""
+    return CARD_MARKER in text or LEGACY_CARD in text
 
 
 def export_weights(path: str) -> dict[str, torch.Tensor]:
@@ -116,7 +144,8 @@ def model_card(decoder: Decoder, source: str, step: int | None, training: dict, 
         "The checkpoint's hyper-parameters (model, optimiser, data module):\n\n```json\n"
         + json.dumps(training, indent=1, default=str) + "\n```\n",
         "## Loading\n",
-        "With transformers alone (the model's code is in this folder; it needs torch, triton and transformers):\n\n"
+        "With transformers alone (the model's code is in this folder; it needs torch and transformers, and triton "
+        "only for the fused GPU kernels):\n\n"
         "```python\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
         "model = AutoModelForCausalLM.from_pretrained(\"PATH\", trust_remote_code=True)\n"
         "tokenizer = AutoTokenizer.from_pretrained(\"PATH\", trust_remote_code=True)\n"

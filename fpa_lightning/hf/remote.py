@@ -1,6 +1,7 @@
 """The remote code of an export: the installed source of ``fpa_lightning.hf`` and of every core module it imports,
 copied flat into the folder, so that ``AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True)`` works
-where fpa-lightning is not installed (its dependencies torch, triton, transformers and safetensors are).
+where fpa-lightning is not installed (its dependencies torch, transformers and safetensors are; triton only for the
+fused GPU kernels, which import it when they are launched, so a CPU-only torch loads the folder too).
 
 The files are copied from the installed package each time a folder is written, never kept in the repository: they
 cannot drift from the code that trained the model. transformers' loader wants one flat folder of modules that

@@ -1,8 +1,14 @@
 """What the fused Triton ops (FPA, Selective Attention) share around their kernels: the checks of q, k, v, the scale
-and document ids (each op adds the checks of its own inputs; every message starts with the op's name), and the
-environment overrides of launch settings that A/B benchmarks use."""
+and document ids (each op adds the checks of its own inputs; every message starts with the op's name), the
+environment overrides of launch settings that A/B benchmarks use, and triton itself.
+
+triton is imported only where a fused kernel is launched (each fused.py's ``load_kernels``): the naive and chunked
+paths need none, and torch's CPU wheel does not bring it, so the package (and an export's remote code) imports
+without it; a fused op asked for without it raises ``require_triton``'s error.
+"""
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 
@@ -14,6 +20,37 @@ QKV_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 def interpreting() -> bool:
     """Whether Triton runs in its CPU interpreter (TRITON_INTERPRET=1, set before the kernels are imported)."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+TRITON_MISSING = ("triton is not installed (torch's CPU wheel does not bring it): pip install triton, or run the "
+                  "chunked or naive path")
+
+
+def triton_available() -> bool:
+    """Whether triton can be found, without importing it (an import takes about a second)."""
+    try:
+        return importlib.util.find_spec("triton") is not None
+    except (ImportError, ValueError):  # an import hook that refuses it, or a half-removed module
+        return False
+
+
+def require_triton(op: str) -> None:
+    """Import triton for a fused op's kernels, or raise a RuntimeError that says what is missing (never a silent
+    fallback to another path). TRITON_INTERPRET is read when the kernels are decorated, i.e. after this."""
+    try:
+        import triton  # noqa: F401
+    except ImportError as err:
+        raise RuntimeError(f"{op}: the fused path runs Triton kernels, and {TRITON_MISSING}") from err
+
+
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for launch grids (triton.cdiv, without importing triton)."""
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two >= n (0 for n <= 0, as triton.next_power_of_2)."""
+    return 1 << (n - 1).bit_length() if n > 0 else 0
 
 
 def check_qkv(op: str, q, k, v, head_dims: tuple[int, ...], others: dict | None = None) -> tuple[int, int, int, int]:
@@ -40,6 +77,8 @@ def unsupported_reason(device: torch.device, head_dim: int, dtype: torch.dtype,
                        head_dims: tuple[int, ...]) -> str | None:
     """Why a Triton op built for `head_dims` cannot run for a model on `device` with this head dim and q/k/v dtype;
     None if it can (each op's ``unsupported_reason`` passes its own head dims)."""
+    if not triton_available():
+        return TRITON_MISSING
     if device.type != "cuda" and not interpreting():
         return f"it needs a CUDA device (or TRITON_INTERPRET=1 before importing, the CPU interpreter), got {device}"
     if head_dim not in head_dims:

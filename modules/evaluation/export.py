@@ -28,10 +28,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Write a checkpoint as a transformers model folder into --out: safetensors, config.json, the "
         "model's code for trust_remote_code, the tokenizer and a model card (needs the hf extra); then reload it and "
         "check that it gives the checkpoint's logits exactly.")
-    p.add_argument("--ckpt", required=True, help="the Lightning checkpoint to export")
+    p.add_argument("--ckpt", required=True, help="the Lightning checkpoint to export (or an export folder)")
     p.add_argument("--out", required=True, help="the folder to write")
-    p.add_argument("--overwrite", action="store_true", help="replace the files of an --out folder that already "
-                   "holds some (default: refuse)")
+    p.add_argument("--overwrite", action="store_true", help="write into an --out folder that already holds files, "
+                   "replacing the export's own files there and leaving the others (default: refuse, naming them); a "
+                   "README.md that no export wrote is still refused")
     p.add_argument("--impl", choices=IMPLS, help="the attention implementation to load the checkpoint with and to "
                    "name in the exported config (default: the one the checkpoint was trained with)")
     p.add_argument("--tokenizer", help="tokenizer.json (or SentencePiece .model) to export with the model (default: "
@@ -63,12 +64,16 @@ def export(model: LoadedModel, data: EvalData, out_dir: str, impl: str | None, o
     except ImportError as err:
         raise ValueError(f"eval.py export needs transformers: pip install -e \".[hf]\" ({err})") from err
     tokenizer = data.describe()["tokenizer"]
-    card = model_card(model.decoder, os.path.abspath(model.path), model.global_step, model.training,
+    card = model_card(model.decoder, model.source or os.path.abspath(model.path), model.global_step, model.training,
                       model.training.get("attention_impls"), tokenizer)
     trained = model.training["hyper_parameters"]["model"]["attention"]["impl"]
     cfg = model.decoder.cfg
     cfg = dataclasses.replace(cfg, attention=dataclasses.replace(cfg.attention, impl=impl or trained))
-    paths = save_export(model.decoder, out_dir, card, data.tokenizer, data.bos_id, data.eos_id, cfg, overwrite)
+    provenance = {"path": model.source or os.path.abspath(model.path), "global_step": model.global_step,
+                  **model.training}
+    existing = set(os.listdir(out_dir)) if os.path.isdir(out_dir) else set()
+    paths = save_export(model.decoder, out_dir, card, data.tokenizer, data.bos_id, data.eos_id, cfg, overwrite,
+                        provenance)
     device = next(model.decoder.parameters()).device
     ids = torch.randint(3, cfg.vocab_size, (1, min(64, cfg.max_seq_len)), device=device)
     ours = load_hf(out_dir, device, model.decoder.cfg.attention.impl)
@@ -84,6 +89,9 @@ def export(model: LoadedModel, data: EvalData, out_dir: str, impl: str | None, o
         if not name.endswith(".py"):
             print(f"export: {path}")
     print(f"export: {len(code)} source files for trust_remote_code=True, copied from the installed fpa_lightning")
+    replaced = sorted(set(paths) & existing)
+    if replaced:
+        print(f"export: --overwrite replaced {len(replaced)} files: {', '.join(replaced)}")
     print(f"export: reloaded with fpa_lightning.export.load_hf and with transformers (FPAForCausalLM): identical "
           f"logits on {ids.shape[1]} tokens")
     return out_dir

@@ -35,13 +35,13 @@ with 8.5× PyTorch's offset error; a float64 emulation of that rounding moves th
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 
 import torch
-import triton
 
-from fpa_lightning.ops.dcp import kernels
+from fpa_lightning.ops.kernel_inputs import cdiv, require_triton
 from fpa_lightning.ops.kernel_inputs import QKV_DTYPES, check_device, check_qkv, check_scale, check_segment_ids
 from fpa_lightning.ops.selective import fused as _sel
 
@@ -60,6 +60,15 @@ TEST_HOOK_POISON_OUTPUTS = False
 # in-tile prefix and suffix sums as scans for bf16/fp16 q (``_prefix_by_dot``), each about 7 % faster
 # forward+backward. DCP_* variables override them (A/B only).
 _LAUNCH = {**_sel._LAUNCH, "bwd_kv": {"num_warps": 4, "num_stages": 1}}
+
+
+@functools.cache
+def load_kernels():
+    """kernels.py, imported at the first launch: its @triton.jit kernels need triton, which the naive and chunked
+    paths (and so the package, and an export's remote code) do without (``kernel_inputs.require_triton``)."""
+    require_triton(OP)
+    from fpa_lightning.ops.dcp import kernels
+    return kernels
 
 
 def _tiles() -> dict:
@@ -91,7 +100,7 @@ def _carry_table(qi, ki, offset, T, Tp, BT, BN, QM, cx):
     B = qi.shape[0]
     nT = Tp // BT
     cf = _empty((B, nT, Tp), dtype=torch.float32, device=qi.device)
-    kernels._dcp_carry_kernel[(triton.cdiv(T, BN), B)](
+    load_kernels()._dcp_carry_kernel[(cdiv(T, BN), B)](
         qi, ki, offset, cf, qi.stride(0), qi.stride(1), ki.stride(0), ki.stride(1), T, Tp, nT, cx["rs"],
         BT=BT, BN=BN, QM=QM, R=cx["R"], PREC=cx["PREC"], **_launch_cfg("carry", cx["D"]),
     )
@@ -126,12 +135,12 @@ class _DcpFunction(torch.autograd.Function):
         o32 = _empty((B, Tp, H, D), dtype=torch.float32, device=dev) if store32 else lse
         cf = _carry_table(qi, ki, off, T, Tp, BM, BN, BM, cx)  # freed after the forward
         dummy = lse  # stands for the tables a variant without documents never reads
-        kernels._dcp_fwd_kernel[(triton.cdiv(T, BM), B * H)](
+        load_kernels()._dcp_fwd_kernel[(cdiv(T, BM), B * H)](
             q, k, v, qi, ki, off, o, o32, lse, cf, ids if seg else dummy, jlo if seg else dummy,
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
             qi.stride(0), qi.stride(1), ki.stride(0), ki.stride(1),
-            T, H, Tp, Tp // BM, triton.cdiv(T, BN), scale, cx["rs"],
+            T, H, Tp, Tp // BM, cdiv(T, BN), scale, cx["rs"],
             BM=BM, BN=BN, STORE32=store32, **_consts(cx), **_launch_cfg("fwd", D),
         )
         ctx.save_for_backward(q, k, v, qi, ki, off, o32[:, :T] if store32 else o, lse)
@@ -153,7 +162,7 @@ class _DcpFunction(torch.autograd.Function):
         jlo_later, ihi = _sel.backward_tile_bounds(ids, T, BT, BN, BM) if seg else (dummy, dummy)
         if do.stride(-1) != 1:
             do = do.contiguous()
-        nT, nJ = Tp // BT, triton.cdiv(T, BN)
+        nT, nJ = Tp // BT, cdiv(T, BN)
         G = _head_groups(B, H, nJ, dev)
         delta = _sel.output_grad_rowsum(do, o32, Tp)  # from the fp32 output (see above)
         dq, dk, dv = (_empty(t.shape, dtype=t.dtype, device=dev) for t in (q, k, v))
@@ -165,13 +174,13 @@ class _DcpFunction(torch.autograd.Function):
         strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                    v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
                    qi.stride(0), qi.stride(1), ki.stride(0), ki.stride(1))
-        kernels._dcp_bwd_kv_kernel[(nJ, B * G)](
+        load_kernels()._dcp_bwd_kv_kernel[(nJ, B * G)](
             q, k, v, qi, ki, off, do, dk, dv, lse, delta, cf, rcp, dkip, offp, ids, ihi,
             *strides, dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
             T, H, Tp, nT, H // G, scale, cx["rs"], BT=BT, BN=BN, **_consts(cx), **_launch_cfg("bwd_kv", D),
         )
         rc = rcp[:, 0] if G == 1 else rcp.sum(dim=1)  # never-written entries are never read
-        kernels._dcp_bwd_q_kernel[(triton.cdiv(T, BM), B * G)](
+        load_kernels()._dcp_bwd_q_kernel[(cdiv(T, BM), B * G)](
             q, k, v, qi, ki, off, do, dq, lse, delta, cf, rc, dqip, ids, jlo_later, ihi,
             *strides, dq.stride(0), dq.stride(1), dq.stride(2),
             T, H, Tp, nT, nJ, H // G, scale, cx["rs"], BM=BM, BN=BN, RATIO=BM // BT, **_consts(cx),

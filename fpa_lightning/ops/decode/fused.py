@@ -22,9 +22,8 @@ from __future__ import annotations
 import functools
 
 import torch
-import triton
 
-from fpa_lightning.ops.decode import kernels
+from fpa_lightning.ops.kernel_inputs import cdiv, next_power_of_2, require_triton
 from fpa_lightning.ops.kernel_inputs import (check_cached_qkv, check_device, check_inference_only, check_scale,
                                             env_int)
 from fpa_lightning.ops.kernel_inputs import unsupported_reason as kernel_unsupported_reason
@@ -50,6 +49,15 @@ MIN_CHUNK, PROGRAMS_PER_SM, COMBINE_SPLITS = 128, 4, 16
 _INTERPRETER = {"block_s": 8, "chunk": 16, "sb": 4}
 
 
+@functools.cache
+def load_kernels():
+    """kernels.py, imported at the first launch: its @triton.jit kernels need triton, which the naive and chunked
+    paths (and so the package, and an export's remote code) do without (``kernel_inputs.require_triton``)."""
+    require_triton(OP)
+    from fpa_lightning.ops.decode import kernels
+    return kernels
+
+
 @functools.lru_cache(maxsize=None)
 def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
@@ -67,13 +75,13 @@ def plan_splits(rows: int, S: int, D: int, device: torch.device, *, block_values
     else:
         block = env_int(f"{env}_BLOCK_S") or block_values // max(D, 64)
         target = PROGRAMS_PER_SM * _sm_count(device.index if device.index is not None else torch.cuda.current_device())
-        chunk = max(MIN_CHUNK, block, triton.next_power_of_2(triton.cdiv(S * rows, target)))
+        chunk = max(MIN_CHUNK, block, next_power_of_2(cdiv(S * rows, target)))
         sb = COMBINE_SPLITS
     chunk = env_int(f"{env}_CHUNK") or chunk
     if block < 1 or block & (block - 1) or chunk % block:
         raise ValueError(f"{op}: the block must be a power of two and divide the chunk, got {block} and {chunk}")
-    splits = triton.cdiv(S, chunk)
-    return block, chunk, splits, min(sb, triton.next_power_of_2(splits))
+    splits = cdiv(S, chunk)
+    return block, chunk, splits, min(sb, next_power_of_2(splits))
 
 
 def _launch_cfg(kernel: str, D: int) -> dict:
@@ -140,14 +148,14 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: to
     else:
         bias_arg = bias
         bias_strides = (bias.stride(0), bias.stride(1) if bias.shape[1] > 1 else 0, bias.stride(2), bias.stride(3))
-    kernels._decode_attn_partial_kernel[(rows, splits)](
+    load_kernels()._decode_attn_partial_kernel[(rows, splits)](
         q, k, v, bias_arg, vis, m, l, acc,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), *bias_strides, *vis.stride(),
         H, n, S, chunk, splits, float(scale),
         D=D, BLOCK_S=block, HAS_BIAS=bias is not None, **_launch_cfg("partial", D),
     )
-    kernels._decode_attn_combine_kernel[(rows,)](
+    load_kernels()._decode_attn_combine_kernel[(rows,)](
         m, l, acc, out, out.stride(0), out.stride(1), out.stride(2), H, n, splits,
         D=D, SB=sb, **_launch_cfg("combine", D),
     )

@@ -16,12 +16,13 @@ traces it as one node that mutates the caches it names, instead of breaking the 
 """
 from __future__ import annotations
 
-import torch
-import triton
+import functools
 
-from fpa_lightning.ops.decode import kernels as decode_kernels
+import torch
+
+from fpa_lightning.ops.decode.fused import load_kernels as load_decode_kernels
 from fpa_lightning.ops.decode.fused import plan_splits
-from fpa_lightning.ops.decode_step import kernels
+from fpa_lightning.ops.kernel_inputs import cdiv, next_power_of_2, require_triton
 from fpa_lightning.ops.kernel_inputs import (QKV_DTYPES, check_device, check_inference_only, check_scale,
                                             env_int)
 from fpa_lightning.ops.kernel_inputs import interpreting as _interpreting
@@ -41,6 +42,15 @@ MAX_WIDTH = 16384
 # STEP_CHUNK and STEP_WARPS override the attention's blocks and warps, STEP_STORE_WARPS and STEP_SCAN_BLOCK
 # store_token's warps and slot-scan block (A/B benchmarks only).
 _INTERPRETER = {"scan": 8, "gate": 16}
+
+
+@functools.cache
+def load_kernels():
+    """kernels.py, imported at the first launch: its @triton.jit kernels need triton, which the naive and chunked
+    paths (and so the package, and an export's remote code) do without (``kernel_inputs.require_triton``)."""
+    require_triton("the decoding step's fused ops")
+    from fpa_lightning.ops.decode_step import kernels
+    return kernels
 
 
 def _fail(op: str, message: str):
@@ -86,9 +96,9 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tens
     if not isinstance(eps, float) or not eps >= 0:
         _fail(op, f"eps must be a float >= 0, got {eps!r}")
     total, out = torch.empty_like(x), torch.empty_like(x)
-    block = triton.next_power_of_2(C)
+    block = next_power_of_2(C)
     launch = {} if _interpreting() else {"num_warps": 8 if block >= 4096 else 4}
-    kernels._add_rms_norm_kernel[(x.numel() // C,)](
+    load_kernels()._add_rms_norm_kernel[(x.numel() // C,)](
         x, x if delta is None else delta, weight.contiguous(), total, out, C, eps,
         BLOCK_C=block, HAS_DELTA=delta is not None, **launch)
     return total, out
@@ -118,7 +128,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     width = gate_up.shape[-1] // 2
     out = gate_up.new_empty(*gate_up.shape[:-1], width)
     block = 16 if _interpreting() else 1024
-    kernels._silu_mul_kernel[(gate_up.numel() // (2 * width), triton.cdiv(width, block))](
+    load_kernels()._silu_mul_kernel[(gate_up.numel() // (2 * width), cdiv(width, block))](
         gate_up, out, width, BLOCK=block)
     return out
 
@@ -201,7 +211,7 @@ def store_token(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor | 
     dummy = key_pos  # never read when its flag is off
     C = x.shape[-1] if fpa else 1
     interpreting = _interpreting()
-    kernels._store_token_kernel[(B, H)](
+    load_kernels()._store_token_kernel[(B, H)](
         qkv, positions, cos if cos is not None else dummy, sin if sin is not None else dummy,
         k_cache, v_cache, key_pos, q, k, slots,
         *(state.get(name, dummy) for name in ("gate_weight", "gate_bias", "x", "walk", "level", "path_min")),
@@ -213,7 +223,7 @@ def store_token(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor | 
         D=D, HAS_ROPE=cos is not None, APPEND=bool(append),
         BLOCK_S=_INTERPRETER["scan"] if interpreting else env_int("STEP_SCAN_BLOCK") or 4096,
         FPA=fpa is not None, MAPS=gate_weight.shape[0] // H if fpa else 1,
-        BLOCK_C=_INTERPRETER["gate"] if interpreting else min(1024, triton.next_power_of_2(C)),
+        BLOCK_C=_INTERPRETER["gate"] if interpreting else min(1024, next_power_of_2(C)),
         **({} if interpreting else {"num_warps": env_int("STEP_STORE_WARPS") or (1 if append else 4)}),
     )
     return q, k, slots, phi
@@ -299,14 +309,14 @@ def step_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     dummy = m  # never read without FPA
     evict = fpa is not None and threshold > float("-inf")
     launch = {} if _interpreting() else {"num_warps": env_int("STEP_WARPS") or 4, "num_stages": 2}
-    kernels._step_attn_partial_kernel[(rows, splits)](
+    load_kernels()._step_attn_partial_kernel[(rows, splits)](
         q, k_cache, v_cache, key_pos, positions, *(given[name] if fpa else dummy for name in names), m, l, acc,
         q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], *key_pos.stride()[:2],
         *(path_min.stride()[:2] if fpa else (0, 0)), *(level.stride()[:2] if fpa else (0, 0)),
         H, S, chunk, splits, float(scale), float(threshold) if evict else 0.0,
         D=D, BLOCK_S=block, FPA=fpa is not None, EVICT=evict, **launch,
     )
-    decode_kernels._decode_attn_combine_kernel[(rows,)](
+    load_decode_kernels()._decode_attn_combine_kernel[(rows,)](
         m, l, acc, out, out.stride(0), 0, out.stride(1), H, 1, splits,
         D=D, SB=sb, **({} if _interpreting() else {"num_warps": 4, "num_stages": 2}),
     )

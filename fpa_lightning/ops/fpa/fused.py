@@ -15,13 +15,13 @@ vmap-capable form), kernels in kernels.py.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
-import triton
 
-from fpa_lightning.ops.fpa import kernels
 from fpa_lightning.ops.fpa.naive import check_variant
+from fpa_lightning.ops.kernel_inputs import cdiv, require_triton
 from fpa_lightning.ops.kernel_inputs import check_device, check_qkv, check_scale, check_segment_ids, env_int
 from fpa_lightning.ops.kernel_inputs import with_env_overrides
 from fpa_lightning.ops.kernel_inputs import interpreting as _interpreting
@@ -93,15 +93,29 @@ def _subtiles(kernel: str, skip: bool) -> int:
     return value if value is not None else (_SUBTILES_SKIP[kernel] if skip else 1)
 
 
-_KERNELS = {
-    "dip_carry": kernels._fpa_dip_carry_kernel,
-    "fwd": kernels._fpa_fwd_kernel,
-    "dq": kernels._fpa_bwd_dq_kernel,
-    "dkdv": kernels._fpa_bwd_dkdv_kernel,
-    "field": kernels._fpa_field_kernel,
-    "dipsum_bwd": kernels._fpa_bwd_dipsum_kernel,
-    "dphi_sum": kernels._fpa_dphi_sum_kernel,
+@functools.cache
+def load_kernels():
+    """kernels.py, imported at the first launch: its @triton.jit kernels need triton, which the naive and chunked
+    paths (and so the package, and an export's remote code) do without (``kernel_inputs.require_triton``)."""
+    require_triton("fpa_attention")
+    from fpa_lightning.ops.fpa import kernels
+    return kernels
+
+
+_KERNELS = {  # the kernels of kernels.py by role
+    "dip_carry": "_fpa_dip_carry_kernel",
+    "fwd": "_fpa_fwd_kernel",
+    "dq": "_fpa_bwd_dq_kernel",
+    "dkdv": "_fpa_bwd_dkdv_kernel",
+    "field": "_fpa_field_kernel",
+    "dipsum_bwd": "_fpa_bwd_dipsum_kernel",
+    "dphi_sum": "_fpa_dphi_sum_kernel",
 }
+
+
+def _kernel(name: str):
+    """The @triton.jit kernel of a role in ``_KERNELS``."""
+    return getattr(load_kernels(), _KERNELS[name])
 
 
 def _constexprs(D: int, dtype: torch.dtype, *, skip: bool, level: str, reduction: str, segments: bool) -> dict:
@@ -135,11 +149,11 @@ def kernel_plan(D: int = 64, *, skip: bool = False, level: str = "key", reductio
     """[(name, kernel, constexprs, launch config)] of one variant, as `fpa_attention` launches them (the prep
     kernel aside): what benchmarks/kernel_offline.py compiles."""
     cx = _constexprs(D, dtype, skip=skip, level=level, reduction=reduction, segments=segments)
-    return [(name, _KERNELS[name], cx[name], _launch_cfg(name, skip) or _LAUNCH[name]) for name in _kernels_of(reduction)]
+    return [(name, _kernel(name), cx[name], _launch_cfg(name, skip) or _LAUNCH[name]) for name in _kernels_of(reduction)]
 
 
 def _launch(name: str, grid, cx: dict, skip: bool, *args, **overrides) -> None:
-    _KERNELS[name][grid](*args, **{**cx[name], **overrides}, **_launch_cfg(name, skip))
+    _kernel(name)[grid](*args, **{**cx[name], **overrides}, **_launch_cfg(name, skip))
 
 
 def _prep(phi, psi, BS):
@@ -147,14 +161,14 @@ def _prep(phi, psi, BS):
     phi, psi, suffix/prefix minima and their normalisers, block minima, their normalisers, and the
     minimum of each block's suffix minima."""
     B, T, H = phi.shape
-    nB = triton.cdiv(T, BS)
+    nB = cdiv(T, BS)
     Tp = nB * BS
     BH = B * H
     # one allocation (host overhead matters at short T, where the forward takes ~0.25 ms)
     flat = _empty((6 * BH * Tp + 3 * BH * nB,), dtype=torch.float32, device=phi.device)
     phip, psip, suf, zsuf, pre, zpre = flat[: 6 * BH * Tp].view(6, BH, Tp).unbind(0)
     bmin, zblk, minsuf = flat[6 * BH * Tp:].view(3, BH, nB).unbind(0)
-    kernels._fpa_prep_kernel[(nB, BH)](
+    load_kernels()._fpa_prep_kernel[(nB, BH)](
         phi, psi, phi.stride(0), phi.stride(1), phi.stride(2),
         phip, psip, suf, zsuf, pre, zpre, bmin, zblk, minsuf,
         T, H, Tp, nB, BS=BS, **({} if _interpreting() else {"num_warps": 1}),
@@ -201,7 +215,7 @@ class _FPAFunction(torch.autograd.Function):
     def forward(ctx, q, k, v, phi, psi, beta, scale, skip_threshold, reduction, level, segment_ids):
         B, T, H, D = q.shape
         BS = _block_size()
-        nB = triton.cdiv(T, BS)
+        nB = cdiv(T, BS)
         Tp = nB * BS
         skip = skip_threshold is not None
         seg_tables = _segment_tables(segment_ids, BS, nB) if segment_ids is not None else None
@@ -234,7 +248,7 @@ class _FPAFunction(torch.autograd.Function):
         scale, skip_threshold, reduction, cx = ctx.cfg
         B, T, H, D = q.shape
         BS = cx["fwd"]["BS"]
-        nB = triton.cdiv(T, BS)
+        nB = cdiv(T, BS)
         Tp = nB * BS
         BH = B * H
         dev = q.device

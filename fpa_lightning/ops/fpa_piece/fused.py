@@ -15,12 +15,12 @@ levels of n (kernels.py says how it is read). Layout follows ops/decode: input c
 """
 from __future__ import annotations
 
+import functools
 import torch
 import torch.nn.functional as F
-import triton
 
 from fpa_lightning.ops.common import FAR
-from fpa_lightning.ops.fpa_piece import kernels
+from fpa_lightning.ops.kernel_inputs import cdiv, require_triton
 from fpa_lightning.ops.kernel_inputs import (check_cached_qkv, check_device, check_inference_only, check_scale,
                                             env_int)
 from fpa_lightning.ops.kernel_inputs import unsupported_reason as kernel_unsupported_reason
@@ -41,6 +41,15 @@ TEST_HOOK_POISON_OUTPUTS = False
 # its tiny tests cross query tiles and slot blocks. PIECE_BLOCK_M, PIECE_BLOCK_N, PIECE_WARPS and PIECE_STAGES
 # override them (A/B benchmarks only).
 GPU_BLOCKS, INTERPRETER_BLOCKS = (64, 128), (16, 16)
+
+
+@functools.cache
+def load_kernels():
+    """kernels.py, imported at the first launch: its @triton.jit kernels need triton, which the naive and chunked
+    paths (and so the package, and an export's remote code) do without (``kernel_inputs.require_triton``)."""
+    require_triton(OP)
+    from fpa_lightning.ops.fpa_piece import kernels
+    return kernels
 
 
 def unsupported_reason(device: torch.device, head_dim: int, dtype: torch.dtype) -> str | None:
@@ -113,7 +122,7 @@ def fpa_piece_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_p
                                                   dtype=v.dtype, device=q.device)
     kept = (torch.full if poison else torch.empty)((B * H, n), *([-1] if poison else []), dtype=torch.int32,
                                                    device=q.device)
-    kernels._fpa_piece_kernel[(triton.cdiv(n, block_m), B * H)](
+    load_kernels()._fpa_piece_kernel[(cdiv(n, block_m), B * H)](
         q, k, v, key_pos, path_min, level, rmq, start, beta, out, kept,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), *key_pos.stride(), *path_min.stride(), *level.stride(),

@@ -29,17 +29,17 @@ Layout follows ops/fpa: input checks here, one autograd.Function, kernels in ker
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 
 import torch
-import triton
 
 from fpa_lightning.ops.common import document_first_tokens
+from fpa_lightning.ops.kernel_inputs import cdiv, require_triton
 from fpa_lightning.ops.kernel_inputs import check_device, check_qkv, check_scale, check_segment_ids, env_int
 from fpa_lightning.ops.kernel_inputs import with_env_overrides
 from fpa_lightning.ops.kernel_inputs import interpreting as _interpreting
-from fpa_lightning.ops.selective import kernels
 
 HEAD_DIMS = (16, 32, 64, 128)
 """Head dims the kernels are built for."""
@@ -47,6 +47,16 @@ HEAD_DIMS = (16, 32, 64, 128)
 # Test hook, for tests only: when True, every output and scratch buffer starts as NaN, so an element a kernel forgets
 # to write (or a read of one never written) shows up in the result instead of hiding behind torch.empty's leftovers.
 TEST_HOOK_POISON_OUTPUTS = False
+
+
+@functools.cache
+def load_kernels():
+    """kernels.py, imported at the first launch: its @triton.jit kernels need triton, which the naive and chunked
+    paths (and so the package, and an export's remote code) do without (``kernel_inputs.require_triton``)."""
+    require_triton("selective_attention_fused")
+    from fpa_lightning.ops.selective import kernels
+    return kernels
+
 
 # Launch configs on the GPU: one warpgroup per tile, as the FPA kernels use; at D = 128 the backward kernels take 8
 # warps (their three (64, 128) fp32 accumulators spill heavily at 4, in an offline sm_90a compile). Tuned by an A/B on
@@ -142,7 +152,7 @@ def padded_length(T: int, tiles: dict) -> int:
     """T padded to whole tiles of every size in ``tiles`` (``tile_sizes``: powers of two, so whole tiles of the
     largest)."""
     largest = max(*tiles["fwd"], *tiles["bwd"])
-    return triton.cdiv(T, largest) * largest
+    return cdiv(T, largest) * largest
 
 
 def empty_buffer(shape, *, dtype, device, poison: bool):
@@ -174,7 +184,7 @@ def _tile_bounds(seg: torch.Tensor, T: int, BM: int, BN: int):
     From tile minima and maxima of the ids, so both hold for any ids (tight for contiguous documents); no host
     synchronisation."""
     B = seg.shape[0]
-    nI, nJ = triton.cdiv(T, BM), triton.cdiv(T, BN)
+    nI, nJ = cdiv(T, BM), cdiv(T, BN)
     qmin = seg[:, : nI * BM].view(B, nI, BM).amin(dim=-1)
     kmax = seg[:, : nJ * BN].view(B, nJ, BN).amax(dim=-1)
     # key tile J can hold query tile I's ids only if kmax[J] >= qmin[I]: the first J where the running max reaches it
@@ -210,7 +220,7 @@ def _carry_table(q, k, keep, T, Tp, BT, BN, QM, scale, cx):
     B = q.shape[0]
     nT = Tp // BT
     cf = _empty((B, nT, Tp), dtype=torch.float32, device=q.device)
-    kernels._sel_carry_kernel[(triton.cdiv(T, BN), B)](
+    load_kernels()._sel_carry_kernel[(cdiv(T, BN), B)](
         q, k, cf, keep, q.stride(0), q.stride(1), k.stride(0), k.stride(1), T, Tp, nT, scale,
         BT=BT, BN=BN, QM=QM, **cx, **launch_cfg("carry", cx["D"], "SEL"),
     )
@@ -235,11 +245,11 @@ class _SelectiveFunction(torch.autograd.Function):
         lse = _empty((B * H, Tp), dtype=torch.float32, device=dev)
         dummy = lse  # stands for the tables a variant without documents never reads
         cf = _carry_table(q, k, keep if seg else dummy, T, Tp, BM, BN, BM, scale, cx)  # freed after the forward
-        kernels._sel_fwd_kernel[(triton.cdiv(T, BM), B * H)](
+        load_kernels()._sel_fwd_kernel[(cdiv(T, BM), B * H)](
             q, k, v, o, lse, cf, keep if seg else dummy, ids if seg else dummy, jlo if seg else dummy,
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
-            T, H, Tp, Tp // BM, triton.cdiv(T, BN), scale,
+            T, H, Tp, Tp // BM, cdiv(T, BN), scale,
             BM=BM, BN=BN, RATIO=1, DOT=dot, **cx, **launch_cfg("fwd", cx["D"], "SEL"),
         )
         ctx.save_for_backward(q, k, v, o, lse)
@@ -259,7 +269,7 @@ class _SelectiveFunction(torch.autograd.Function):
         jlo_later, ihi = backward_tile_bounds(ids, T, BT, BN, BM) if seg else (dummy, dummy)
         if do.stride(-1) != 1:
             do = do.contiguous()
-        nT, nJ = Tp // BT, triton.cdiv(T, BN)
+        nT, nJ = Tp // BT, cdiv(T, BN)
         G = _head_groups(B, H, nJ, dev)
         delta = output_grad_rowsum(do, o, Tp)
         dq, dk, dv = (_empty(t.shape, dtype=t.dtype, device=dev) for t in (q, k, v))
@@ -269,13 +279,13 @@ class _SelectiveFunction(torch.autograd.Function):
         dq0p = _empty((B, G, Tp, D), dtype=torch.float32, device=dev)
         strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                    v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))
-        kernels._sel_bwd_kv_kernel[(nJ, B * G)](
+        load_kernels()._sel_bwd_kv_kernel[(nJ, B * G)](
             q, k, v, do, dk, dv, lse, delta, cf, rcp, dk0p, keep, ids, ihi,
             *strides, dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
             T, H, Tp, nT, H // G, scale, BT=BT, BN=BN, DOT=dot, **cx, **launch_cfg("bwd_kv", cx["D"], "SEL"),
         )
         rc = rcp[:, 0] if G == 1 else rcp.sum(dim=1)  # never-written entries are never read
-        kernels._sel_bwd_q_kernel[(triton.cdiv(T, BM), B * G)](
+        load_kernels()._sel_bwd_q_kernel[(cdiv(T, BM), B * G)](
             q, k, v, do, dq, lse, delta, cf, rc, dq0p, keep, ids, jlo_later, ihi,
             *strides, dq.stride(0), dq.stride(1), dq.stride(2),
             T, H, Tp, nT, nJ, H // G, scale, BM=BM, BN=BN, RATIO=BM // BT, DOT=dot, **cx,

@@ -14,8 +14,8 @@ from fpa_lightning.evaluation.checkpoint import load_decoder  # noqa: E402
 from fpa_lightning.export import load_hf  # noqa: E402
 from fpa_lightning.hf.remote import remote_code_files  # noqa: E402
 
-FILES = ["README.md", "config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
-         "tokenizer_config.json"]
+FILES = ["README.md", "checkpoint.json", "config.json", "generation_config.json", "model.safetensors",
+         "tokenizer.json", "tokenizer_config.json"]
 
 
 @pytest.mark.parametrize("backend", ["fpa", "sdpa"])
@@ -75,7 +75,8 @@ def test_an_existing_folder_needs_overwrite_and_files_are_renamed_into_place(tmp
         main(["export", "--ckpt", ckpts["fpa"], "--out", str(out)])
     assert exit_info.value.code == 2
     error = capsys.readouterr().err.strip().splitlines()[-1]
-    assert error == f"eval.py export: error: {out} already holds files; pass --overwrite to replace them"
+    assert error == (f"eval.py export: error: {out} already holds files (notes.txt), none of which the export would "
+                     "replace; pass --overwrite to write the export beside them")
     assert os.listdir(out) == ["notes.txt"]  # nothing written
 
     renames = []

@@ -6,7 +6,10 @@
 * ``clopper_pearson``: exact binomial interval, found by bisection on the binomial tail probabilities.
 * ``mcnemar_exact``: exact McNemar test = a sign test on the discordant pairs.
 * ``non_inferiority``: the verdict rule of the paper's SlimPajama comparison (upper bound of the paired
-  difference A − B below the margin).
+  difference A − B below the margin). Applied to one pair of trained models it judges evaluation noise only, so the
+  tasks give no verdict from one pair; the verdict across training seeds is ``seeds.seed_verdict``.
+
+Statistics across training seeds (t-interval, hierarchical bootstrap, sign test) are in ``seeds.py``.
 """
 from __future__ import annotations
 

@@ -1,9 +1,11 @@
 """Command line of ``eval.py``: ``--task TASK`` runs one evaluation (parse, check, load the checkpoint(s), run the
 task, write its outputs); the verb ``export`` writes a checkpoint as a transformers folder (``export.py``).
 
-``eval.py --help`` shows the options every task reads and lists the tasks; ``eval.py --task TASK --help`` adds that
-task's own options, and no other task's. The data come from outside: ``main`` takes a factory that builds an
-``EvalData`` from ``--data`` (``eval.py`` passes ``datamodules.EvalCorpus``)."""
+``eval.py --help`` shows the options every task reads and lists the tasks; ``eval.py --task TASK --help`` shows that
+task's own options first, then the common ones, and no other task's. The verb ``seeds`` compares two models across
+training seeds from per-seed result files (``seeds.py``), as does ``--ckpt A0 A1 ... --compare B0 B1 ...`` after
+evaluating each pair. The data come from outside: ``main`` takes a factory that builds an ``EvalData`` from ``--data``
+(``eval.py`` passes ``datamodules.EvalCorpus``)."""
 from __future__ import annotations
 
 import argparse
@@ -19,8 +21,9 @@ from fpa_lightning.attention.config import IMPLS
 from fpa_lightning.evaluation.checkpoint import CheckpointError, LoadedModel, load_decoder
 from fpa_lightning.evaluation.data import EvalData
 from fpa_lightning.evaluation.scoring import Runtime
+from fpa_lightning.evaluation.seeds import ONE_PAIR_NOTE
 from fpa_lightning.generation.rule import check_threshold
-from modules.evaluation import export
+from modules.evaluation import export, seeds
 from modules.evaluation.inputs import DataFactory, load_data, resolve_device
 from modules.evaluation.report import write_outputs
 from modules.evaluation.tasks import TASKS
@@ -43,7 +46,9 @@ class _Options:
 
     def __init__(self, parser: argparse.ArgumentParser, tasks: Sequence[str]):
         self.parser, self.tasks = parser, list(tasks)
+        # one task's help lists its own options first (issue #47): its group is made before the common options'
         self.group = parser.add_argument_group(f"--task {tasks[0]}") if len(tasks) == 1 else parser
+        self.common = parser.add_argument_group("options of every task") if len(tasks) == 1 else parser
 
     def add_argument_group(self, title: str) -> _Options:  # Task.add_arguments adds its options here
         return self
@@ -51,7 +56,7 @@ class _Options:
     def add_argument(self, *flags: str, **settings) -> None:
         dest = settings.get("dest") or flags[0].lstrip("-").replace("-", "_")
         if dest not in TASK_SPECIFIC_OPTIONS:
-            self.parser.add_argument(*flags, **settings)
+            self.common.add_argument(*flags, **settings)
         elif any(dest in TASKS[name].options for name in self.tasks):
             if len(self.tasks) == 1:
                 settings["help"] = TASKS[self.tasks[0]].option_help.get(dest, settings.get("help"))
@@ -66,13 +71,16 @@ def build_parser(tasks: Sequence[str] = tuple(TASKS)) -> argparse.ArgumentParser
     every = len(tasks) > 1  # the parser of a command line, whose usage would list every task's options
     p = argparse.ArgumentParser(
         prog="eval.py", add_help=False, formatter_class=argparse.RawDescriptionHelpFormatter,
-        usage="eval.py --task TASK [options] (eval.py --task TASK --help), or eval.py export" if every else None,
+        usage=("eval.py --task TASK [options] (eval.py --task TASK --help), or eval.py export|seeds" if every else
+               f"eval.py --task {tasks[0]} [options]" if tasks else "eval.py --task TASK [options]"),
         description=f"Evaluate a trained checkpoint (optionally paired against a second one).\n\n{described}",
         epilog="eval.py --task TASK --help: the options of TASK. eval.py export --help: the verb that writes a "
-        "checkpoint as a transformers model folder.")
-    p.add_argument("-h", "--help", action="store_true", default=argparse.SUPPRESS,
-                   help="show this help (with --task TASK: and that task's options) and exit")
-    add_options(_Options(p, tasks))
+        "checkpoint as a transformers model folder. eval.py seeds --help: the verb that compares two models across "
+        "training seeds.")
+    options = _Options(p, tasks)
+    options.common.add_argument("-h", "--help", action="store_true", default=argparse.SUPPRESS,
+                                help="show this help (with --task TASK: that task's options first) and exit")
+    add_options(options)
     return p
 
 
@@ -81,8 +89,11 @@ def add_options(p: _Options) -> None:
     p.add_argument("--export", nargs="?", action=_Moved, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     p.add_argument("--overwrite", action="store_true", help="replace the task's earlier JSON and figures in --out "
                    "(default: an existing result is an error)")
-    p.add_argument("--ckpt", help="Lightning checkpoint of model A (every task but probes, which trains its models)")
-    p.add_argument("--compare", metavar="CKPT_B", help="checkpoint of model B: same items, paired differences A − B")
+    p.add_argument("--ckpt", nargs="+", metavar="CKPT", help="Lightning checkpoint of model A (every task but probes, "
+                   "which trains its models); several (one per training seed) with as many --compare: each pair "
+                   "evaluated into OUT/pair<i>, then the seed-level comparison (eval.py seeds) into OUT")
+    p.add_argument("--compare", nargs="+", metavar="CKPT_B", help="checkpoint(s) of model B: same items, paired "
+                   "differences A − B, paired with --ckpt by position")
     p.add_argument("--data", help="local data: folder (PG-19 / SlimPajama layout), file or glob of "
                    ".jsonl/.jsonl.gz/.jsonl.zst/.parquet with a 'text' field (default: the offline corpus's test split)")
     p.add_argument("--out", help="output folder for the JSON and PNGs (default: eval_results/<task>-<checkpoint>, "
@@ -111,7 +122,8 @@ def add_options(p: _Options) -> None:
                    "so every book covers every bucket)")
     p.add_argument("--seq-len", type=int, help="test_loss: sequence length (default: the model's training context)")
     p.add_argument("--batch-size", type=int, help="inputs per forward pass")
-    p.add_argument("--margin", type=float, help="test_loss --compare: non-inferiority margin in nats (default 0.00995)")
+    p.add_argument("--margin", type=float, help="test_loss --compare: non-inferiority margin in nats of the "
+                   "seed-level verdict (several --ckpt/--compare pairs, or eval.py seeds; default 0.00995)")
     p.add_argument("--thresholds", type=float, nargs="+", help="cache_prune: bias thresholds, the first one also "
                    "for the pass keys (default -10 -20 -5 -2 -1)")
     p.add_argument("--window", type=int, help="sliding window for a checkpoint without a bias")
@@ -152,6 +164,13 @@ def check_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Non
         parser.error(f"--task {args.task} needs --ckpt")
     if not TASKS[args.task].needs_checkpoint and (args.ckpt or args.compare):
         parser.error(f"--task {args.task} trains its own models; --ckpt and --compare do not apply")
+    if args.ckpt is not None and (len(args.ckpt) > 1 or len(args.compare or []) > 1):
+        if len(args.ckpt) != len(args.compare or []):
+            parser.error(f"{len(args.ckpt)} --ckpt and {len(args.compare or [])} --compare checkpoints: several "
+                         "training seeds need one --compare checkpoint per --ckpt (paired by position)")
+        if args.task not in seeds.COMPARING_TASKS:
+            parser.error(f"several pairs of checkpoints: --task {args.task} has no seed-level comparison (tasks: "
+                         f"{', '.join(seeds.COMPARING_TASKS)})")
     needed = TASKS[args.task].impl
     if needed is not None and args.impl not in (None, needed):
         parser.error(f"--task {args.task} runs the {needed} attention path; --impl must be {needed} (or left out)")
@@ -165,14 +184,16 @@ def settings(args: argparse.Namespace) -> dict:
     return {k: v for k, v in vars(args).items() if k not in skip}
 
 
-def announce_setup(args: argparse.Namespace, models: list[LoadedModel], data: EvalData, device: torch.device) -> None:
-    """Before any work (stderr): what runs on which implementation, the tokenizer, and the data when the task
-    reads any, so that no default goes unnoticed."""
-    for i, m in enumerate(models):
+def announce_setup(args: argparse.Namespace, models: list[LoadedModel], data: EvalData, device: torch.device,
+                   training: list[dict]) -> None:
+    """Before any work (stderr): what runs on which implementation, with which training seed, the tokenizer, and the
+    data when the task reads any, so that no default goes unnoticed."""
+    for i, (m, t) in enumerate(zip(models, training)):
         impls = sorted(set(m.decoder.attention_impls(device)))
         note = f"; {m.impl_note}" if m.impl_note else ""
         print(f"{'AB'[i]}: {m.path} ({m.backend}, {m.decoder.num_parameters() / 1e6:.1f}M parameters, step "
-              f"{m.global_step}): attention {', '.join(impls)} on {device}{note}", file=sys.stderr)
+              f"{m.global_step}, training seed {t['seed_everything']}, data seed {t['data_seed']}): attention "
+              f"{', '.join(impls)} on {device}{note}", file=sys.stderr)
     if not TASKS[args.task].needs_checkpoint:
         return
     described = data.describe()
@@ -183,22 +204,54 @@ def announce_setup(args: argparse.Namespace, models: list[LoadedModel], data: Ev
 
 
 def main(argv: list[str] | None, data_factory: DataFactory) -> str:
-    """Run one evaluation, or the verb ``export``; returns the JSON path (the export folder). ``data_factory(--data,
+    """Run one evaluation (several pairs, with as many --ckpt as --compare), or the verb ``export`` or ``seeds``;
+    returns the JSON path (the export folder; with several pairs the seed comparison's JSON). ``data_factory(--data,
     tokenizer)`` builds the task's data. Errors in arguments or checkpoints exit with a message."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["export"]:
         return export.main(argv[1:], data_factory)
+    if argv[:1] == ["seeds"]:
+        return seeds.main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if "help" in args:
         build_parser([args.task] if args.task else []).print_help()
         parser.exit()
     check_args(args, parser)
+    if args.ckpt is not None and len(args.ckpt) > 1:
+        return evaluate_seeds(args, argv, parser, data_factory)
+    return evaluate(args, argv, parser, data_factory, (args.ckpt or [None])[0], (args.compare or [None])[0],
+                    args.out)
+
+
+def evaluate_seeds(args: argparse.Namespace, argv: list[str], parser: argparse.ArgumentParser,
+                   data_factory: DataFactory) -> str:
+    """``--ckpt A0 A1 … --compare B0 B1 …``: each pair (by position; a pair must share its training seed) evaluated
+    into OUT/pair<i>, then the seed-level comparison of those paired results (``seeds.compare_files``) into OUT."""
+    out = args.out or seeds.default_out(args.task, args.ckpt + args.compare)
+    paths = []
+    for i, (a, b) in enumerate(zip(args.ckpt, args.compare)):
+        print(f"pair {i + 1}/{len(args.ckpt)}: A {a}, B {b}", file=sys.stderr, flush=True)
+        paths.append(evaluate(args, argv, parser, data_factory, a, b, os.path.join(out, f"pair{i}"),
+                              same_seed=True))
+    try:
+        return seeds.compare_files(args.task, paths, None, out, args.overwrite, args.margin, args.confidence,
+                                   args.n_boot, args.seed, " ".join(["eval.py", *argv]))
+    except FileExistsError as err:
+        parser.exit(2, f"{parser.prog}: error: {err}; pass --overwrite to replace it, or choose another --out\n")
+    except seeds.SeedError as err:
+        parser.error(str(err))
+
+
+def evaluate(args: argparse.Namespace, argv: list[str], parser: argparse.ArgumentParser, data_factory: DataFactory,
+             ckpt: str | None, compare: str | None, out: str | None, same_seed: bool = False) -> str:
+    """One evaluation of checkpoint `ckpt` (paired with `compare`) into `out`; returns the JSON path. same_seed: the
+    two checkpoints must record one training seed (else an error before any compute; a lone pair only warns)."""
     try:
         device = resolve_device(args.device)
         task = TASKS[args.task]
         impl = task.impl or args.impl
-        models = [load_decoder(path, device, impl) for path in filter(None, (args.ckpt, args.compare))]
+        models = [load_decoder(path, device, impl) for path in filter(None, (ckpt, compare))]
         if task.check is not None:
             task.check(args, models)
         # a task that trains its own models (probes) reads no text
@@ -206,24 +259,26 @@ def main(argv: list[str] | None, data_factory: DataFactory) -> str:
                 else data_factory(args.data, None))
     except (CheckpointError, ValueError, RuntimeError) as err:
         parser.error(str(err))
+    training = [seeds.training_record(m) for m in models]
+    check_pair_seeds(training, models, parser, same_seed)
     runtime = Runtime(device, args.precision, args.seed, args.n_boot, args.confidence)
-    args.out = args.out or default_out(args.task, models)
+    out = out or default_out(args.task, models)
     overwrite = args.overwrite or task.resumes
     if not overwrite:
-        existing = existing_outputs(args.out, args.task)
+        existing = existing_outputs(out, args.task)
         if existing:
             parser.error(f"{existing[0]} exists (an earlier result): pass --overwrite to replace it, or choose "
                          "another --out")
     data = DataErrors(data, args.data)
-    announce_setup(args, models, data, device)
+    announce_setup(args, models, data, device, training)
     started = time.time()
     try:
         output = task.run(args, models, runtime, data)
     except (ValueError, FileNotFoundError, ConnectionError) as err:  # data / length problems, stated by the task
         parser.exit(2, f"{parser.prog}: error: --task {args.task}: {err}\n")
     header = {
-        "checkpoint": models[0].describe(device) if models else None,
-        "compare": models[1].describe(device) if len(models) == 2 else None,
+        "checkpoint": {**models[0].describe(device), **training[0]} if models else None,
+        "compare": {**models[1].describe(device), **training[1]} if len(models) == 2 else None,
         "data": data.describe() if "data" in task.options else None,
         "tokenizer": data.describe()["tokenizer"] if task.needs_checkpoint else None,
         "settings": settings(args),
@@ -233,12 +288,32 @@ def main(argv: list[str] | None, data_factory: DataFactory) -> str:
     }
     step = (models[0].global_step or 0) if models else 0
     try:
-        path = write_outputs(args.out, args.task, header, output, args.tensorboard, step, overwrite=overwrite)
+        path = write_outputs(out, args.task, header, output, args.tensorboard, step, overwrite=overwrite)
     except FileExistsError as err:  # written meanwhile by another run: still nothing is replaced
         parser.exit(2, f"{parser.prog}: error: {err}; pass --overwrite to replace it, or choose another --out\n")
     print(output.table) if output.table is not None else print_summary(output.scalars)
+    if len(models) == 2 and args.task in seeds.COMPARING_TASKS:
+        print(f"note: {ONE_PAIR_NOTE}")
     print(f"{args.task}: wrote {path}")
     return path
+
+
+def check_pair_seeds(training: list[dict], models: list[LoadedModel], parser: argparse.ArgumentParser,
+                     required: bool) -> None:
+    """Two compared checkpoints should share their training seeds (seed_everything and the data's): in a seed series
+    (`required`) a mismatch is an error, for a lone pair a warning on stderr."""
+    if len(training) < 2:
+        return
+    keys = ("seed_everything", "data_seed")
+    a, b = ([t[k] for k in keys] for t in training)
+    if a == b and (not required or a[0] is not None):
+        return
+    message = (f"{models[0].path} was trained with seed_everything={a[0]}, data seed {a[1]}; {models[1].path} with "
+               f"seed_everything={b[0]}, data seed {b[1]}")
+    if required:
+        parser.error(f"{message}: the pairs of --ckpt and --compare are matched by position and each pair must "
+                     "record one training seed")
+    print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
 def checkpoint_tag(model: LoadedModel) -> str:

@@ -13,15 +13,17 @@ import torch
 
 from fpa_lightning.analysis.pruning import pruned_cache, window_for_fraction
 from fpa_lightning.evaluation.checkpoint import LoadedModel
-from fpa_lightning.evaluation.data import EvalData
+from fpa_lightning.evaluation.data import EvalData, long_documents_and_works
 from fpa_lightning.evaluation.passkey import PasskeyBuilder
 from fpa_lightning.evaluation.scoring import Runtime, check_vocab, token_losses
+from fpa_lightning.evaluation.seeds import HIGHER_IS_BETTER, LOWER_IS_BETTER
 from fpa_lightning.evaluation.stats import clopper_pearson
 from fpa_lightning.generation.rule import PruneRule, check_rule
 from fpa_lightning.generation.session import PIECE_TOKENS, cached_token_losses, default_piece_tokens, rows_per_pass
 from modules.evaluation.progress import Progress, ScorePath, Work, start, timed
-from modules.evaluation.tasks.common import Task, TaskOutput, errorbar, intervals, label
-from modules.evaluation.tasks.passkey import DEFAULT_TRIALS, score_all
+from modules.evaluation.tasks.common import (Task, TaskOutput, document_clusters, errorbar, intervals, label, metric,
+                                             per_item)
+from modules.evaluation.tasks.passkey import DEFAULT_TRIALS, score_all, trial_ids
 
 DEFAULT_LENGTHS = [2048, 8192]
 DEFAULT_THRESHOLDS = [-10.0, -20.0, -5.0, -2.0, -1.0]  # the first one also prunes the pass-key trials
@@ -158,8 +160,10 @@ def cache_prune(models: list[LoadedModel], runtime: Runtime, data: EvalData, len
     `piece_tokens` per pass (None: the session's default)."""
     check_prune_setup(models, window)
     order = sorted(range(len(models)), key=lambda i: not has_bias(models[i]))  # biased models first
-    per_length, scalars = [], {}
-    docs_at = {length: data.long_documents(length + 1, length + 1, max_docs) for length in lengths}
+    per_length, scalars, increases = [], {}, {}  # increases[length][i]: model i's per-document increase per rule
+    read = {length: long_documents_and_works(data, length + 1, length + 1, max_docs) for length in lengths}
+    docs_at = {length: docs for length, (docs, _) in read.items()}
+    works_at = {length: works for length, (_, works) in read.items()}
     builder = PasskeyBuilder(data.tokenizer, data.bos_id)
     passkey_sizes = [t.length for n in passkey_lengths for t in builder.trials(n, n_trials, runtime.seed)]
     hooked, decoded = _calibration_scores(thresholds, window, lengths, runtime, block_rows, piece_tokens)
@@ -180,6 +184,7 @@ def cache_prune(models: list[LoadedModel], runtime: Runtime, data: EvalData, len
             rows = []
             for rule in _rules(m, thresholds, fractions, window, length):
                 losses, kept = _doc_losses(m, docs, runtime, bar, i, rule, block_rows)
+                increases.setdefault(length, [[] for _ in models])[i].append((rule, losses - base))
                 rows.append({"rule": rule.describe(), "loss": intervals(losses, runtime)[0].as_dict(),
                              "increase": intervals(losses - base, runtime)[0].as_dict(), **kept})
                 if real_eviction:
@@ -198,6 +203,10 @@ def cache_prune(models: list[LoadedModel], runtime: Runtime, data: EvalData, len
                "passkey": _pruned_passkey(models, order, runtime, builder, thresholds[0], window, passkey_lengths,
                                           n_trials, bar, block_rows)}
     bar.close()
+    items = [d for docs in docs_at.values() for d in docs] + [
+        t.input_ids for n in passkey_lengths for t in builder.trials(n, n_trials, runtime.seed)]
+    results["per_item"] = per_item("document", items, document_clusters(next(iter(works_at.values())), [])[0],
+                                   _item_metrics(increases, works_at, results["passkey"], len(models)))
     for e in results["passkey"]:
         for i, r in enumerate(e["models"]):
             scalars[f"cache_prune/{'AB'[i]}_passkey/{e['length']}"] = r["rate"]["estimate"]
@@ -235,6 +244,24 @@ def _real_eviction(model: LoadedModel, docs: list, rule: PruneRule, runtime: Run
             "max_abs_difference_from_simulation": float(np.abs(losses - simulated).max()),
             "attention_impl": ", ".join(sorted(impls)), "piece_tokens": piece, "documents_per_pass": rows,
             "tokens": tokens, "seconds": seconds, "tokens_per_second": tokens / max(seconds, 1e-9)}
+
+
+def _item_metrics(increases: dict, works_at: dict, passkey: list[dict], n_models: int) -> list[dict]:
+    """The cost per document of each rule at each length (the loss increase over the unpruned pass; A's k-th rule
+    pairs with B's k-th, softmax's window matched to it), named by A's rule, documents clustered by work where the
+    data know it; then pass-key success per trial."""
+    metrics = []
+    for length, per_model in increases.items():
+        docs = [f"{length}/doc{j}" for j in range(len(per_model[0][0][1]))]
+        clusters = document_clusters(works_at[length], docs)[1]
+        for k in range(min(len(rules) for rules in per_model)):
+            metrics.append(metric(f"increase/{length}/{_rule_tag(per_model[0][k][0])}", LOWER_IS_BETTER, docs,
+                                  [rules[k][1] for rules in per_model], clusters))
+    for entry in passkey:
+        metrics.append(metric(f"passkey/{entry['length']}", HIGHER_IS_BETTER,
+                              trial_ids(entry["length"], entry["models"][0]["n"]),
+                              [entry["models"][i]["success"] for i in range(n_models)]))
+    return metrics
 
 
 def _rule_tag(rule: PruneRule) -> str:

@@ -14,10 +14,11 @@ from fpa_lightning.evaluation.checkpoint import LoadedModel
 from fpa_lightning.evaluation.data import EvalData
 from fpa_lightning.evaluation.passkey import PasskeyBuilder, PasskeyScore, PasskeyTrial, decode_trial, score_trial
 from fpa_lightning.evaluation.scoring import Runtime, check_vocab
+from fpa_lightning.evaluation.seeds import HIGHER_IS_BETTER
 from fpa_lightning.evaluation.stats import clopper_pearson, mcnemar_exact
 from fpa_lightning.generation.rule import PruneRule, check_rule, check_threshold
 from modules.evaluation.progress import Progress, Work, start
-from modules.evaluation.tasks.common import Task, TaskOutput, errorbar, label
+from modules.evaluation.tasks.common import OWN_CLUSTERS, Task, TaskOutput, errorbar, label, metric, per_item
 
 DEFAULT_LENGTHS = [3072, 4096, 8192, 16384]
 DEFAULT_TRIALS = 100
@@ -81,7 +82,7 @@ def passkey(models: list[LoadedModel], runtime: Runtime, data: EvalData, lengths
     McNemar test per length and over all lengths pooled. rules: per model, decode through the KV cache pruned by
     that rule instead of the one-pass scorer."""
     builder = PasskeyBuilder(data.tokenizer, data.bos_id)
-    per_length, scalars, pooled = [], {}, [[] for _ in models]
+    per_length, scalars, pooled, metrics = [], {}, [[] for _ in models], []
     trials_at = {length: builder.trials(length, n_trials, runtime.seed) for length in lengths}
     sizes = [t.length for trials in trials_at.values() for t in trials]  # every model scores every trial
     bar = start("passkey", [m.decoder for m in models], [Work(i, sizes) for i in range(len(models))],
@@ -119,12 +120,21 @@ def passkey(models: list[LoadedModel], runtime: Runtime, data: EvalData, lengths
         if len(models) == 2:
             entry["mcnemar"] = mcnemar_exact(*[[s.success for s in sc] for sc in scores]).as_dict()
         per_length.append(entry)
+        metrics.append(metric(f"success/{length}", HIGHER_IS_BETTER, trial_ids(length, len(trials)),
+                              [[s.success for s in sc] for sc in scores]))
     bar.close()
     results = {"lengths": per_length, "trials_per_length": n_trials,
                "scorer": "one pass (teacher forcing)" if rules is None else "greedy decoding, pruned KV cache"}
+    results["per_item"] = per_item("trial", [t.input_ids for trials in trials_at.values() for t in trials],
+                                   OWN_CLUSTERS, metrics)
     if len(models) == 2:
         results["mcnemar_pooled"] = mcnemar_exact(*pooled).as_dict()
     return TaskOutput(results, {"passkey": _plot_passkey(results)}, scalars)
+
+
+def trial_ids(length: int, n: int) -> list[str]:
+    """A trial's id: its length and index, which with --seed rebuild it (``PasskeyBuilder.trials``)."""
+    return [f"{length}/{k}" for k in range(n)]
 
 
 def _plot_passkey(results: dict) -> plt.Figure:

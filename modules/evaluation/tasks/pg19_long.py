@@ -9,10 +9,12 @@ import torch
 
 from fpa_lightning.analysis.positions import bucket_means
 from fpa_lightning.evaluation.checkpoint import LoadedModel
-from fpa_lightning.evaluation.data import EvalData
+from fpa_lightning.evaluation.data import EvalData, long_documents_and_works
 from fpa_lightning.evaluation.scoring import Runtime, check_edges, check_vocab, power_of_two_edges, token_losses
+from fpa_lightning.evaluation.seeds import LOWER_IS_BETTER
 from modules.evaluation.progress import Progress, Work, start
-from modules.evaluation.tasks.common import Task, TaskOutput, errorbar, intervals, label
+from modules.evaluation.tasks.common import (Task, TaskOutput, document_clusters, errorbar, intervals, label, metric,
+                                             per_item)
 
 
 DEFAULT_MAX_LEN = 16384
@@ -28,7 +30,9 @@ def pg19_long(models: list[LoadedModel], runtime: Runtime, data: EvalData, max_l
               min_tokens: int, max_docs: int | None) -> TaskOutput:
     """Per-token loss by position bucket on whole books (inputs of max_len tokens), books weighted equally,
     percentile bootstrap over books; with two models, the paired per-book difference per bucket."""
-    docs = data.long_documents(max_len + 1, min_tokens, max_docs)
+    docs, works = long_documents_and_works(data, max_len + 1, min_tokens, max_docs)
+    doc_ids = [f"doc{j}" for j in range(len(docs))]
+    cluster_by, clusters = document_clusters(works, doc_ids)
     for m in models:
         check_vocab(m.decoder, max(int(d.max()) for d in docs))
     sizes = [int(d.numel()) for d in docs]
@@ -48,6 +52,9 @@ def pg19_long(models: list[LoadedModel], runtime: Runtime, data: EvalData, max_l
         "books_per_bucket": (~np.isnan(per_book[0])).sum(axis=0).tolist(),
         "models": [{"label": label(m, i), "loss": [iv.as_dict() for iv in intervals(v, runtime)]}
                    for i, (m, v) in enumerate(zip(models, per_book))],
+        "per_item": per_item("document", docs, cluster_by, [
+            metric(f"loss/{a}-{b}", LOWER_IS_BETTER, doc_ids, [v[:, k] for v in per_book], clusters)
+            for k, (a, b) in enumerate(buckets)]),
     }
     scalars = {f"pg19_long/{'AB'[i]}_loss/{a}-{b}": r["loss"][k]["estimate"]
                for i, r in enumerate(results["models"]) for k, (a, b) in enumerate(buckets)}

@@ -18,10 +18,11 @@ from fpa_lightning.evaluation.answers import (ANSWER_SLACK, PieceEncoder, Predic
                                               string_match_all)
 from fpa_lightning.evaluation.checkpoint import LoadedModel
 from fpa_lightning.evaluation.scoring import Runtime, check_vocab
+from fpa_lightning.evaluation.seeds import HIGHER_IS_BETTER
 from fpa_lightning.evaluation.stats import clopper_pearson, mcnemar_exact
 from fpa_lightning.generation import generate
 from modules.evaluation.progress import Work, start
-from modules.evaluation.tasks.common import TaskOutput, intervals, label
+from modules.evaluation.tasks.common import OWN_CLUSTERS, TaskOutput, intervals, label, metric, per_item
 
 SCORING = (f"greedy generation through the KV cache, up to the canonical answer's length + {ANSWER_SLACK} tokens "
            "or EOS; RULER's string match (the fraction of references found, case-insensitive) on that text")
@@ -98,8 +99,28 @@ def summarize(name: str, models: list[LoadedModel], runtime: Runtime, groups: li
             row["score_difference"] = intervals(scores[0] - scores[1], runtime)[0].as_dict()
         rows.append(row)
     averages = _averages(name, models, runtime, rows, scalars)
-    results = {"scoring": SCORING, "tasks": rows, "average": averages}
+    results = {"scoring": SCORING, "tasks": rows, "average": averages,
+               "per_item": per_item("item", [it.prompt + it.answer for _, _, items in groups for it in items],
+                                    OWN_CLUSTERS, _item_metrics(rows))}
     return TaskOutput(results, {name: _plot(name, rows, averages)}, scalars, table(rows, averages))
+
+
+def item_ids(task: str, length: int, n: int) -> list[str]:
+    """An item's id: task, length and index, which with --seed rebuild it (the builders' ``items``)."""
+    return [f"{task}/{length}/{k}" for k in range(n)]
+
+
+def _item_metrics(rows: list[dict]) -> list[dict]:
+    """Per (task, length) the string-match score of every item; per length the average over tasks, whose items are
+    the tasks' items pooled (every task has as many)."""
+    metrics = [metric(f"score/{r['task']}/{r['length']}", HIGHER_IS_BETTER, item_ids(r["task"], r["length"],
+                      len(r["items"])), [m["scores"] for m in r["models"]]) for r in rows]
+    for length in dict.fromkeys(r["length"] for r in rows):
+        at = [r for r in rows if r["length"] == length]
+        metrics.append(metric(f"score/average/{length}", HIGHER_IS_BETTER,
+                              [i for r in at for i in item_ids(r["task"], length, len(r["items"]))],
+                              [[s for r in at for s in r["models"][i]["scores"]] for i in range(len(at[0]["models"]))]))
+    return metrics
 
 
 def _averages(name: str, models: list[LoadedModel], runtime: Runtime, rows: list[dict], scalars: dict) -> list[dict]:

@@ -5,12 +5,19 @@ real LanguageModel and TextDataModule under a Lightning Trainer; tokens/s is cou
 --warmup (compilation, autotuning and allocator growth stay out), with CUDA synchronised at both ends.
 
 --variants picks what each model runs as: base, compile (model.compile: every block through torch.compile; the
-compile time falls in the warm-up) and document_mask (attention.document_mask: the batches' segment_ids restrict
-attention to each document). The table gives each variant's tokens/s relative to the same model's base run.
+compile time falls in the warm-up), document_mask (attention.document_mask: the batches' segment_ids restrict
+attention to each document) and checkpointing (model.activation_checkpointing: every block recomputed in the backward).
+The table gives each variant's tokens/s relative to the same model's base run. --activation-checkpointing turns
+checkpointing on in every variant. --shape picks the size ladder's shape (docs/training.md, "The size ladder").
+
+--mfu adds the model TFLOP/s and MFU (fpa_lightning/analysis/flops.py: the FLOPs per training token of the model and
+length, over the device's peak dense bf16 FLOP/s from its name, or --peak-tflops) as two more columns.
 
     python benchmarks/train_throughput.py --configs fpa fox sdpa --steps 300 --batch-size 16
     python benchmarks/train_throughput.py --configs fpa fox sdpa --variants base compile document_mask
     python benchmarks/train_throughput.py --configs fpa selective dcp --batch-size 1 --seq-len 16384 --steps 40
+    python benchmarks/train_throughput.py --configs fpa fox sdpa --steps 60 --warmup 20 --mfu
+    python benchmarks/train_throughput.py --configs fpa sdpa --variants base checkpointing --batch-size 1 --seq-len 16384
 """
 from __future__ import annotations
 
@@ -25,6 +32,7 @@ import torch
 
 from datamodules import TextDataModule
 from fpa_lightning import AttentionConfig, ModelConfig
+from fpa_lightning.analysis.flops import mfu, peak_tflops, training_flops_per_token
 from modules.language_model import LanguageModel, OptimConfig
 
 
@@ -77,13 +85,19 @@ def kernel_group(name: str) -> str:
     return "other"
 
 
-VARIANTS = ("base", "compile", "document_mask")
+VARIANTS = ("base", "compile", "document_mask", "checkpointing")
+# (n_layer, d_model, n_head, d_mlp): the 110M configs and the size ladder's rungs (configs/base/ladder_*.yaml)
+SHAPES = {"110m": (12, 768, 12, 2048), "350m": (24, 1024, 16, 2816), "760m": (24, 1536, 24, 4096),
+          "1b": (24, 2048, 16, 4096)}
 
 
 def measure(backend: str, variant: str, args) -> dict:
     attention = AttentionConfig(backend=backend, skip_threshold=args.skip if backend == "fpa" else None,
                                 document_mask=variant == "document_mask")
-    config = ModelConfig(attention=attention, max_seq_len=max(ModelConfig.max_seq_len, args.seq_len))
+    n_layer, d_model, n_head, d_mlp = SHAPES[args.shape]
+    config = ModelConfig(attention=attention, max_seq_len=max(ModelConfig.max_seq_len, args.seq_len), n_layer=n_layer,
+                         d_model=d_model, n_head=n_head, d_mlp=d_mlp,
+                         activation_checkpointing=variant == "checkpointing" or args.activation_checkpointing)
     module = LanguageModel(model=config, optim=OptimConfig(warmup_steps=50), compile=variant == "compile")
     data = TextDataModule(
         source="offline", tokenizer=args.tokenizer, seq_len=args.seq_len, batch_size=args.batch_size,
@@ -98,6 +112,11 @@ def measure(backend: str, variant: str, args) -> dict:
     trainer.fit(module, datamodule=data)
     tokens = timer.timed_steps * args.batch_size * data.seq_len
     seconds = timer.end - timer.start
+    throughput = {}
+    if args.mfu:  # model FLOPs (checkpointing's recomputation is not counted), over one device's peak
+        flops = training_flops_per_token(config, data.seq_len)
+        throughput = {"flops_per_token": flops, "tflops_per_s": tokens / seconds * flops / 1e12,
+                      "mfu": None if args.peak is None else mfu(tokens / seconds, flops, args.peak)}
     return {
         "backend": backend,
         "variant": variant,
@@ -109,6 +128,8 @@ def measure(backend: str, variant: str, args) -> dict:
         "peak_mem_GiB": torch.cuda.max_memory_allocated() / 2**30,
         "cuda_ms_per_step": {k: round(v, 2) for k, v in sorted(timer.kernel_ms.items())},
         "top_kernels": timer.top_kernels,
+        "activation_checkpointing": config.activation_checkpointing,
+        **throughput,
     }
 
 
@@ -125,6 +146,12 @@ def main() -> None:
     parser.add_argument("--skip", type=float, default=None, help="FPA dead-block skip threshold (None = exact)")
     parser.add_argument("--tokenizer", default=None, help="a tokenizer.json (machines without mistral-common)")
     parser.add_argument("--json", default=None, help="write the results here")
+    parser.add_argument("--shape", default="110m", choices=SHAPES, help="the model's shape (default: the 110M configs)")
+    parser.add_argument("--activation-checkpointing", action="store_true",
+                        help="model.activation_checkpointing in every variant (the checkpointing variant: only there)")
+    parser.add_argument("--mfu", action="store_true", help="add model TFLOP/s and MFU columns")
+    parser.add_argument("--peak-tflops", type=float, default=None,
+                        help="peak dense bf16 TFLOP/s of the GPU for --mfu (default: from its name; unknown: no MFU)")
     parser.add_argument("--profile-steps", type=int, default=0,
                         help="profile the last N steps (after the timed ones): CUDA ms per step by kernel group, "
                              "which says what bounds FPA against softmax")
@@ -132,6 +159,9 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("train_throughput.py measures GPU training: no CUDA device is available")
     torch.backends.cuda.matmul.allow_tf32 = True
+    args.peak = args.peak_tflops or peak_tflops(torch.cuda.get_device_name())
+    if args.mfu and args.peak is None:
+        print(f"unknown device {torch.cuda.get_device_name()!r}: MFU not reported, pass --peak-tflops", flush=True)
     results = []
     for backend in args.configs:
         for variant in args.variants:
@@ -141,14 +171,19 @@ def main() -> None:
     base = {r["backend"]: r["tokens_per_s"] for r in results if r["variant"] == "base"}
     print(f"\n{torch.cuda.get_device_name()} | torch {torch.__version__} | lightning {L.__version__} | "
           f"python {platform.python_version()} | {datetime.date.today()} | B={args.batch_size}x{args.seq_len}, "
-          f"{args.steps} steps, timed after {args.warmup}")
-    print("| model | variant | impl | tokens/s | vs base | vs sdpa | vs fox | peak GiB | loss at end |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          f"{args.steps} steps, timed after {args.warmup}"
+          + (f" | peak {args.peak} TFLOP/s (dense bf16)" if args.mfu and args.peak else ""))
+    mfu_header, mfu_rule = (" TFLOP/s | MFU |", "---|---|") if args.mfu else ("", "")
+    print("| model | variant | impl | tokens/s | vs base | vs sdpa | vs fox | peak GiB | loss at end |" + mfu_header)
+    print("|---|---|---|---|---|---|---|---|---|" + mfu_rule)
     for r in results:
         rel = lambda ref: f"{r['tokens_per_s'] / base[ref]:.3f}x" if ref in base else "-"
-        print(f"| {r['backend']}_110m | {r['variant']} | {','.join(r['impls'])} | {r['tokens_per_s']:,.0f} | "
+        mfu_cells = ""
+        if args.mfu:
+            mfu_cells = f" {r['tflops_per_s']:.1f} | " + ("-" if r["mfu"] is None else f"{100 * r['mfu']:.1f} %") + " |"
+        print(f"| {r['backend']}_{args.shape} | {r['variant']} | {','.join(r['impls'])} | {r['tokens_per_s']:,.0f} | "
               f"{rel(r['backend'])} | {rel('sdpa')} | {rel('fox')} | {r['peak_mem_GiB']:.1f} | "
-              f"{r['final_train_loss']:.3f} |")
+              f"{r['final_train_loss']:.3f} |" + mfu_cells)
     if args.profile_steps:
         print("\nCUDA ms per step by kernel group (torch.profiler, the last --profile-steps steps):")
         for r in results:

@@ -2,5 +2,6 @@
 from callbacks.generation_writer import GenerationWriter
 from callbacks.head_survival import HeadSurvivalCallback
 from callbacks.long_context import LongContextLossCallback
+from callbacks.throughput import ThroughputCallback
 
-__all__ = ["GenerationWriter", "HeadSurvivalCallback", "LongContextLossCallback"]
+__all__ = ["GenerationWriter", "HeadSurvivalCallback", "LongContextLossCallback", "ThroughputCallback"]

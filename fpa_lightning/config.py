@@ -38,6 +38,11 @@ class ModelConfig:
     """Share the token embedding with the output layer (the 110M preset counts them once)."""
     attention: AttentionConfig = field(default_factory=AttentionConfig)
     """The attention backend and its options."""
+    activation_checkpointing: bool = False
+    """Recompute each Block's activations in the backward instead of storing them (torch.utils.checkpoint,
+    non-reentrant): the training forward only (probe, evaluation and decoding never checkpoint); under FSDP the
+    strategy's checkpointing policy does it (modules/scaling.py). Less memory for about one more forward per step;
+    the losses and gradients are the same (docs/training.md, "Activation checkpointing")."""
 
     def __post_init__(self) -> None:
         if isinstance(self.attention, dict):  # YAML storage or a plain dict

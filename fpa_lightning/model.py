@@ -8,6 +8,7 @@ from contextlib import contextmanager
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from fpa_lightning.attention import BiasHook, CausalSelfAttention, LayerProbe
 from fpa_lightning.config import ModelConfig
@@ -81,8 +82,14 @@ class Decoder(nn.Module):
         rows, used when ``attention.document_mask`` is on."""
         segment_ids = self.document_mask(segment_ids)
         x = self.embed(input_ids)
+        checkpointing = self.cfg.activation_checkpointing and self.training and torch.is_grad_enabled()
         for block in self.blocks:
-            x = block(x, segment_ids)
+            # A block that a strategy has wrapped (an FSDP unit, FSDP's checkpoint wrapper) is no Block: FSDP
+            # checkpoints it through its own policy (modules/scaling.py), never twice.
+            if checkpointing and isinstance(block, Block):
+                x = checkpoint(block, x, segment_ids, use_reentrant=False)
+            else:
+                x = block(x, segment_ids)
         return self.norm(x)
 
     def features_with(self, input_ids: torch.Tensor,

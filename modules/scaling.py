@@ -2,7 +2,9 @@
 
 - ``shard_by_block``: under FSDP (``--trainer.strategy=fsdp``) every transformer ``Block`` becomes its own FSDP unit
   unless the strategy was given an ``auto_wrap_policy`` of its own; the root unit holds the embedding and final norm.
-  Without it FSDP would gather the whole model for every forward (one unit).
+  Without it FSDP would gather the whole model for every forward (one unit). With ``model.activation_checkpointing``
+  the strategy also checkpoints every ``Block`` (its ``activation_checkpointing_policy``, applied inside the FSDP
+  units after wrapping), and the Decoder, whose blocks are then FSDP units rather than ``Block``s, does not again.
 - ``clip_gradients``: clipping through the strategy: FSDP's own ``clip_grad_norm_`` (the norm over every shard of
   every rank; ``torch.nn.utils.clip_grad_norm_`` would see this rank's shards only), and the fused-AdamW case.
 - ``compile_blocks``: ``model.compile`` compiles each ``Block`` (regional compilation: one graph reused by every
@@ -24,12 +26,23 @@ from fpa_lightning.model import Block
 
 
 def shard_by_block(trainer: Trainer) -> None:
-    """Give an FSDP strategy without a wrapping policy one FSDP unit per ``Block`` (before it wraps the model)."""
+    """Give an FSDP strategy without a wrapping policy one FSDP unit per ``Block``, and, when the model asks for
+    activation checkpointing and the strategy has no checkpointing policy, a policy that checkpoints every ``Block``
+    (before it wraps the model)."""
     strategy = trainer.strategy
-    if isinstance(strategy, FSDPStrategy) and "auto_wrap_policy" not in strategy.kwargs:
-        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+    if not isinstance(strategy, FSDPStrategy):
+        return
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
+    if "auto_wrap_policy" not in strategy.kwargs:
         strategy.kwargs["auto_wrap_policy"] = ModuleWrapPolicy({Block})
+    decoder = getattr(trainer.lightning_module, "model", None)
+    if isinstance(decoder, Decoder) and decoder.cfg.activation_checkpointing and \
+            not strategy._activation_checkpointing_kwargs:
+        # What FSDPStrategy(activation_checkpointing_policy={Block}) stores; the strategy exists before the model's
+        # config is read, and Lightning has no public setter. _setup_model applies it after wrapping: each unit holds
+        # CheckpointWrapper(Block) (non-reentrant), the pattern FSDP documents, instead of a checkpoint around a unit.
+        strategy._activation_checkpointing_kwargs = {"auto_wrap_policy": ModuleWrapPolicy({Block})}
 
 
 def is_sharded(trainer: Trainer) -> bool:

@@ -21,6 +21,7 @@ QUICKSTART = REPO / "configs" / "quickstart.yaml"
 PARAMETERS_110M = {"fpa": 109_862_208, "fox": 109_640_592, "sdpa": 109_529_856, "selective": 109_529_856,
                    "dcp": 110_119_692}
 PARAMETERS_1B = 1_074_630_144  # configs/fpa_1b.yaml: 24 x 2048, d_mlp 4096, tied embeddings
+LADDER = sorted(REPO.glob("configs/ladder/*.yaml"))  # the size ladder's overlays, over configs/base/ladder_*.yaml
 
 
 def instantiate(config: pathlib.Path, *overrides: str):
@@ -44,16 +45,18 @@ def printed_config(capsys, *args: str) -> dict:
 
 
 def test_every_config_file_is_instantiated_by_a_test():
-    """configs/*.yaml and configs/base/*.yaml here, configs/study/*.yaml in tests/test_study_configs.py."""
+    """configs/*.yaml, configs/base/*.yaml and configs/ladder/*.yaml here, configs/study/*.yaml in
+    tests/test_study_configs.py."""
     every = set(REPO.glob("configs/**/*.yaml"))
-    assert every == set(CONFIGS) | set(BASES) | set(REPO.glob("configs/study/*.yaml"))
+    assert every == set(CONFIGS) | set(BASES) | set(LADDER) | set(REPO.glob("configs/study/*.yaml"))
 
 
 # Instantiated with the parameters on the meta device: counted, never allocated nor initialised. The 1B config needs it
 # (4 GB); the 110M overlays and base/study.yaml take it for time (2-3 s of random initialisation each on 2 CPU cores),
 # while base/110m.yaml, the model they all build, and quickstart.yaml are initialised for real, and so is every backend
 # in the small models of tests/attention.
-ON_META = {p for p in CONFIGS if p.stem.endswith(("_1b", "_110m"))} | {REPO / "configs" / "base" / "study.yaml"}
+ON_META = ({p for p in CONFIGS if p.stem.endswith(("_1b", "_110m"))} | {REPO / "configs" / "base" / "study.yaml"}
+           | {p for p in BASES if p.stem.startswith("ladder_")})
 
 
 @pytest.mark.parametrize("config", CONFIGS + BASES, ids=lambda p: str(p.relative_to(REPO / "configs")))
@@ -140,9 +143,70 @@ def test_fpa_110m_print_config_has_the_values_of_the_readme_card(capsys, monkeyp
     assert resolved["trainer.logger.init_args.name"] == "fpa_110m"
     assert resolved["trainer.logger.class_path"] == "lightning.pytorch.loggers.TensorBoardLogger"
     assert [c["class_path"] for c in resolved["trainer.callbacks"]] == [
-        "callbacks.HeadSurvivalCallback", "callbacks.LongContextLossCallback"]
+        "callbacks.HeadSurvivalCallback", "callbacks.LongContextLossCallback", "callbacks.ThroughputCallback"]
     assert resolved["trainer.callbacks"][0]["init_args"]["every_n_steps"] == 250
     assert resolved["trainer.callbacks"][1]["init_args"]["n_documents"] == 8
+
+
+# The size ladder (docs/training.md, "The size ladder"): per rung (layers, width, heads, SwiGLU width, max_steps, lr,
+# rows per micro-batch, accumulation, activation checkpointing). The 125M rung is the 110M configs above.
+LADDER_RUNGS = {
+    "350m": (24, 1024, 16, 2816, 13050, 5.0e-4, 16, 16, False),
+    "760m": (24, 1536, 24, 4096, 27900, 4.0e-4, 8, 32, False),
+    "1b": (24, 2048, 16, 4096, 41000, 3.0e-4, 8, 32, True),
+}
+BACKENDS = ("fpa", "fox", "sdpa", "selective", "dcp")
+
+
+def parameters_by_formula(backend: str, n_layer: int, d_model: int, n_head: int, d_mlp: int, vocab: int = 32000,
+                          dcp_dim: int = 32) -> int:
+    """A Decoder's parameter count from its shape (fpa_lightning/model.py, attention/backends.py), tied embedding once:
+    the embedding V·C; per block qkv 3C·C, out C·C, SwiGLU gate/up 2F·C and down C·F, two RMSNorm gains 2C; the final
+    norm C; per bias layer the backend's gates: FPA's map to δ, g, h (3H·C weights + 3H biases) and β (H), FoX's forget
+    gate (H·C + H), DCP's interaction map (2r·C, no bias) and offset (1); none for softmax and Selective."""
+    C, H = d_model, n_head
+    block = 3 * C * C + C * C + 2 * d_mlp * C + C * d_mlp + 2 * C
+    gates = {"fpa": 3 * H * C + 3 * H + H, "fox": H * C + H, "dcp": 2 * dcp_dim * C + 1}.get(backend, 0)
+    return vocab * C + n_layer * (block + gates) + C
+
+
+def test_the_formula_gives_the_known_counts():
+    for backend, count in PARAMETERS_110M.items():
+        assert parameters_by_formula(backend, 12, 768, 12, 2048) == count
+    assert parameters_by_formula("fpa", 24, 2048, 16, 4096) == PARAMETERS_1B
+
+
+def test_the_ladder_has_every_backend_at_every_rung():
+    assert sorted(p.stem for p in LADDER) == sorted(f"{b}_{rung}" for b in BACKENDS for rung in LADDER_RUNGS)
+    assert sorted(p.stem for p in BASES if p.stem.startswith("ladder_")) == sorted(f"ladder_{r}" for r in LADDER_RUNGS)
+
+
+@pytest.mark.parametrize("config", LADDER, ids=lambda p: p.stem)
+def test_ladder_config(config):
+    """Instantiated on the meta device: the backend, the shape (head dim 64 or 128, which every fused kernel
+    supports), the parameter count against the formula, 524,288 tokens a step and ~20 tokens a parameter."""
+    backend, rung = config.stem.split("_")
+    positional = "none" if backend in ("fpa", "fox") else "rope"
+    # the file holds only its base, attention and run name
+    assert flat(yaml.safe_load(config.read_text())) == {
+        "base": f"../base/ladder_{rung}.yaml", "trainer.logger.init_args.name": config.stem,
+        "model.model.attention.backend": backend, "model.model.attention.positional": positional}
+    n_layer, d_model, n_head, d_mlp, max_steps, lr, rows, accumulate, checkpointing = LADDER_RUNGS[rung]
+    with torch.device("meta"):
+        cli = instantiate(config)
+    cfg = cli.model.model.cfg
+    assert (cfg.attention.backend, cfg.attention.positional) == (backend, positional)
+    assert (cfg.n_layer, cfg.d_model, cfg.n_head, cfg.d_mlp, cfg.vocab_size) == (n_layer, d_model, n_head, d_mlp, 32000)
+    assert cfg.head_dim in (64, 128) and cfg.activation_checkpointing is checkpointing
+    parameters = cli.model.model.num_parameters()
+    assert parameters == parameters_by_formula(backend, n_layer, d_model, n_head, d_mlp)
+    tokens_per_step = cli.datamodule.batch_size * cli.datamodule.seq_len * cli.trainer.accumulate_grad_batches
+    assert (cli.datamodule.batch_size, cli.trainer.accumulate_grad_batches, tokens_per_step) == (rows, accumulate, 2**19)
+    assert cli.trainer.max_steps == max_steps and 19.5 < max_steps * tokens_per_step / parameters < 20.5
+    assert cli.model.optim.lr == lr < 1e-3  # below the 110M's, falling with width
+    assert cli.trainer.precision == "bf16-mixed" and isinstance(cli.datamodule, SlimPajamaDataModule)
+    listed = ("HeadSurvivalCallback", "LongContextLossCallback", "ThroughputCallback")  # (train.py adds its own)
+    assert [type(c).__name__ for c in cli.trainer.callbacks if type(c).__name__ in listed] == list(listed)
 
 
 def test_a_base_is_found_next_to_its_overlay_then_in_configs(tmp_path, capsys):

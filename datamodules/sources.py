@@ -109,8 +109,8 @@ def expand_files(patterns: str | list[str] | None, base: str | None = None) -> l
 
 
 class CorruptDataError(ValueError):
-    """A compressed data file is truncated or corrupt: an error naming the file and the line where it stopped, never
-    a silently shorter stream."""
+    """A data file is truncated (a compressed one also: corrupt): an error naming the file and the line where it
+    stopped, never a silently shorter stream."""
 
 
 def _open_text_lines(path: str) -> Iterator[bytes]:
@@ -152,7 +152,7 @@ def _zstd_lines(path: str) -> Iterator[bytes]:
                 out = frame.decompress(chunk)
                 if out:  # (hundreds of MB/s: far faster than tokenising what it yields)
                     *complete, pending = (pending + out).split(b"\n")
-                    yield from complete
+                    yield from (line + b"\n" for line in complete)  # with its newline, as plain and gzip lines
                 if frame.eof:  # a frame ended: the rest of the chunk (if any) starts the next one
                     chunk, frame, in_frame = frame.unused_data, dctx.decompressobj(), False
                 else:
@@ -164,18 +164,42 @@ def _zstd_lines(path: str) -> Iterator[bytes]:
 
 
 def _jsonl_records(path: str, text_field: str) -> Iterator[Record]:
-    for line in _open_text_lines(path):
+    for number, line in enumerate(_open_text_lines(path), 1):
         if not line.strip():
             continue  # blank line: not a record
         try:
             obj = json.loads(line.decode("utf-8"))
-        except UnicodeDecodeError:
-            yield None, "invalid_utf8"
-            continue
-        except json.JSONDecodeError:
-            yield None, "invalid_json"
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            if not line.endswith(b"\n"):
+                # Only the last line lacks its newline, and one that does not parse is a record cut off by a
+                # truncated copy or download: an error, like a truncated .gz/.zst, never a silently shorter stream.
+                raise CorruptDataError(
+                    f"{path}: line {number} is cut off (the file ends inside a record; lines 1-{number - 1} were "
+                    f"read); re-download or rebuild the file") from None
+            yield None, "invalid_utf8" if isinstance(error, UnicodeDecodeError) else "invalid_json"
             continue
         yield _text_of(obj, text_field)
+
+
+#: what each skip reason of a record means and what to do about it (``describe_skips``)
+SKIP_CAUSES = {
+    "invalid_utf8": "not UTF-8 text (a binary or otherwise encoded file?)",
+    "invalid_json": "not a JSON object on one line (is the file JSON Lines?)",
+    "missing_field": "no {field!r} field",
+    "not_text": "a {field!r} that is not a string",
+    "empty_text": "an empty {field!r}",
+    "empty_file": "an empty file",
+}
+
+
+def describe_skips(skipped: dict, text_field: str) -> str:
+    """``"3 records: not UTF-8 text (...); 1 record: an empty file"``: skip counts by cause, each with its own
+    explanation, the most frequent first; ``"none"`` for no skip."""
+    parts = []
+    for reason, count in sorted(skipped.items(), key=lambda item: (-item[1], item[0])):
+        what = SKIP_CAUSES.get(reason, reason).format(field=text_field)
+        parts.append(f"{count} {'file' if reason == 'empty_file' else 'record'}{'s' if count != 1 else ''}: {what}")
+    return "; ".join(parts) or "none"
 
 
 def _text_of(obj: object, text_field: str) -> Record:

@@ -7,6 +7,7 @@ import hashlib
 import json
 import logging
 import os
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -28,6 +29,16 @@ _LISTED_FILES = 1000  # a resume fingerprint lists the train files by name up to
 
 class DataChangedError(ValueError):
     """A checkpoint's train stream position was saved on other data (files, text_field, tokenizer, hub split)."""
+
+
+class UnusableDataError(ValueError):
+    """A split's local files hold no usable document: every record was skipped (the message counts them by cause)."""
+
+
+#: the splits each stage (Lightning's ``setup(stage)``, train.py's subcommand) reads: a test split is needed only
+#: where a test runs, so a data folder of train and validation files trains
+STAGE_SPLITS = {"fit": ("train", "validation"), "validate": ("validation",), "test": ("test",), "predict": ()}
+_SPLIT_OPTIONS = {"train": "train_files", "validation": "val_files", "test": "test_files"}
 
 
 @dataclass(frozen=True)
@@ -161,8 +172,36 @@ class TextDataModule(L.LightningDataModule):
         _ = self.tokenizer
 
     def setup(self, stage: str | None = None) -> None:
-        for split in SPLITS:
+        for split in STAGE_SPLITS.get(stage, SPLITS):
             self.split_source(split)
+
+    def check_stage(self, stage: str) -> None:
+        """Fail fast, before a run creates anything, on the data ``stage`` reads (``STAGE_SPLITS``): a split with no
+        files or an unreachable hub id raises as in ``split_source``; a split of local files whose records are all
+        unusable (garbage, another text field) raises ``UnusableDataError`` counting the skipped records by cause.
+        Reads each split's records only up to its first usable one (all of them only when none is)."""
+        for split in STAGE_SPLITS.get(stage, SPLITS):
+            source = self.split_source(split)
+            if source.hub_id is not None:
+                continue  # streamed: require_hub has checked that it can be reached
+            skipped = self._skips_before_a_usable_record(source.files)
+            if skipped is not None:
+                files = source.files[0] if len(source.files) == 1 else (
+                    f"{len(source.files)} files under {os.path.commonpath([os.path.dirname(f) for f in source.files])}")
+                raise UnusableDataError(
+                    f"the {split} data ({files}) hold no usable document: "
+                    f"{sources.describe_skips(skipped, self.text_field)}; check the files, and text_field (the "
+                    f"name of the records' text field, now {self.text_field!r})")
+
+    def _skips_before_a_usable_record(self, files) -> Counter | None:
+        """None as soon as a record of ``files`` is usable; else the skip reasons of all their records, counted."""
+        skipped = Counter()
+        for path in files:
+            for _, reason in sources.file_records(path, self.text_field):
+                if reason is None:
+                    return None
+                skipped[reason] += 1
+        return skipped
 
     def split_source(self, split: str) -> SplitSource:
         """Resolve (once) where ``split`` comes from; fails fast for an unreachable hub id."""
@@ -183,6 +222,11 @@ class TextDataModule(L.LightningDataModule):
             return SplitSource(files=tuple(files), text_field=self.text_field)
         if folder and (folder.startswith((".", "/", "~")) or os.path.exists(folder)):
             raise FileNotFoundError(f"source folder {self.source!r} does not exist")
+        if not folder:  # no source: every split read needs its own globs
+            option = _SPLIT_OPTIONS[split]
+            raise FileNotFoundError(
+                f"no {split} data: source is null and {option} is not set; pass --data.init_args.{option}=<glob> "
+                f"(or a source: a local folder, 'offline' or a hub id)")
         sources.require_hub(self.source, what="data set", local_hint=self._local_hint())
         return SplitSource(hub_id=self.source, hub_split=self.hub_splits[split], text_field=self.text_field)
 
@@ -194,7 +238,7 @@ class TextDataModule(L.LightningDataModule):
                 continue
         raise FileNotFoundError(
             f"no {split} files under {base!r} (tried {self.local_patterns[split]}); pass "
-            f"{ {'train': 'train_files', 'validation': 'val_files', 'test': 'test_files'}[split]}=<glob>"
+            f"--data.init_args.{_SPLIT_OPTIONS[split]}=<glob>"
         )
 
     def _local_hint(self) -> str:
@@ -305,8 +349,8 @@ class TextDataModule(L.LightningDataModule):
         if split != "train" and produced == 0:
             raise ValueError(
                 f"the {split} split gave no batch: {st.tokens} tokens in {st.documents} documents is less "
-                f"than one row of seq_len+1={self.seq_len + 1} tokens (skipped records: {dict(st.skipped) or 'none'}); "
-                f"lower seq_len or add data"
+                f"than one row of seq_len+1={self.seq_len + 1} tokens (skipped: "
+                f"{sources.describe_skips(st.skipped, self.text_field)}); lower seq_len or add data"
             )
 
     def _check_resume_config(self, world: int) -> None:
@@ -413,7 +457,8 @@ class TextDataModule(L.LightningDataModule):
         raise ValueError(f"the validation split has fewer than {n_rows} rows of {seq_len + 1} tokens")
 
     def long_documents(self, split: str = "test", max_tokens: int | None = None, min_tokens: int = 0,
-                       limit: int | None = None, rank: int = 0, world_size: int = 1) -> Iterator[torch.LongTensor]:
+                       limit: int | None = None, rank: int = 0, world_size: int = 1,
+                       stats: PipelineStats | None = None) -> Iterator[torch.LongTensor]:
         """Whole documents of ``split`` as 1-D LongTensors ``[BOS] doc [EOS]``, unpacked, in file order.
 
         Args:
@@ -422,14 +467,21 @@ class TextDataModule(L.LightningDataModule):
             min_tokens: skip documents shorter than this (full length, BOS/EOS included; counted).
             limit: stop after this many documents.
             rank/world_size: yield only this rank's share (documents ``i % world_size == rank``).
+            stats: counts the documents read (short ones included) and the records skipped, by cause (a reading for
+                evaluation, not a pass of the split: the split's own counters are left alone).
         """
         max_tokens = max_tokens or self.long_doc_max_tokens
         encoder = DocumentEncoder(self.tokenizer)
         yielded = 0
         for _, record_group in enumerate(record_blocks(self.split_source(split).records(world_size, rank, self.seed, 0), 0, None, 0)):
             texts = [(i, rec[0]) for i, rec in record_group if rec[0] is not None]
+            if stats is not None:
+                stats.skipped.update(rec[1] for _, rec in record_group if rec[1] is not None)
             for (i, text), ids in zip(texts, encoder.encode([t for _, t in texts])):
                 tokens = with_bos_eos(ids)
+                if stats is not None:
+                    stats.documents += 1
+                    stats.tokens += len(tokens)
                 if len(tokens) < min_tokens:
                     log.debug("long_documents: document %d has %d < min_tokens=%d tokens", i, len(tokens), min_tokens)
                     continue

@@ -189,8 +189,16 @@ class LanguageModel(L.LightningModule):
         loss = metric.compute()  # mean over every token of every rank
         metric.reset()
         guards.check_mean_loss(self, split, loss)  # before logging: ModelCheckpoint never sees a NaN val/loss
-        self.log(f"{split}/loss", loss, prog_bar=prog_bar)
-        self.log(f"{split}/ppl", loss.exp())
+        # For ModelCheckpoint, the progress bar and callback_metrics through self.log; for the loggers at the
+        # optimizer steps done (global_step), the x of the callbacks' statistics measured on the same weights and of
+        # train/loss (logged at the steps done before its batch). Lightning's own logging would put an evaluation
+        # inside fit at global_step - 1 (its count of stepped batches is raised after validation). A logged "step"
+        # would also move the x, but it stays in callback_metrics and ModelCheckpoint names later files by it.
+        values = {f"{split}/loss": loss, f"{split}/ppl": loss.exp()}
+        for name, value in values.items():
+            self.log(name, value, prog_bar=prog_bar and name.endswith("/loss"), logger=False)
+        for logger in [] if self.trainer.sanity_checking else self.loggers:  # (log_metrics: rank zero only)
+            logger.log_metrics({name: float(value) for name, value in values.items()}, step=self.global_step)
 
     # --- throughput: tokens over the wall time of training steps, measured per logging window -------
 

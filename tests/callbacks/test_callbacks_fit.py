@@ -95,6 +95,8 @@ def test_fit_logs_heads_and_long_context(tmp_path):
         for h in (0, 1):
             assert f"heads/{kind}/layer_01/head_{h:02d}" in scalars
     assert not any("layer_00" in tag for tag in scalars)
+    # val/loss of the same weights shares the step (Lightning alone logged it one step before, at 1 and 3)
+    assert [e.step for e in acc.Scalars("val/loss")] == [2, 4]
     for h in (0, 1):
         events = acc.Scalars(f"heads/alive_fraction/layer_01/head_{h:02d}")
         assert [e.step for e in events] == [2, 4]

@@ -5,6 +5,7 @@
 # `eval.py seeds` (seed-level intervals, sign test; a verdict only from two seeds on).
 #
 #   bash benchmarks/lm_study.sh verify                      # the corpus's sha256 against its manifest
+#   bash benchmarks/lm_study.sh all                         # verify, then run fpa fox sdpa, then compare fpa fox/sdpa
 #   SEEDS="0 1 2 3 4" bash benchmarks/lm_study.sh run fpa fox   # train + evaluate every (backend, lr, seed) unit
 #   LRS="3e-4 6e-4 1e-3 2e-3" bash benchmarks/lm_study.sh sweep fpa fox sdpa   # train only (seed 0): val loss per lr
 #   bash benchmarks/lm_study.sh compare fpa fox             # eval.py seeds for each task both sides have (CPU is fine)
@@ -22,7 +23,8 @@
 #   SEEDS      initialisation seeds (seed_everything), default "0"
 #   VARY_DATA  1: the data order's seed follows the initialisation seed (default 0: one data order for every run)
 #   LRS        peak learning rates, default "1e-3" (configs/base/110m.yaml's; a test keeps the two equal)
-#   EVALS      evaluations per unit, default "loss long passkey ruler babilong prune" (the tasks that compare)
+#   EVALS      evaluation groups per unit, default "loss long passkey ruler babilong prune" (the tasks that compare);
+#              also: evict (cache_prune with real eviction), generate, lm_eval (needs lm-evaluation-harness)
 #   PARALLEL   units trained side by side on the one GPU (default 1; 2 overlaps start-up, data and evaluation)
 #   CORPUS     the corpus folder (default data/corpus: python -m datamodules.build_corpus --out data/corpus)
 #   RESULTS    where runs/, eval/, compare/, logs/ and status.tsv go (default lm_study_results)
@@ -30,8 +32,9 @@
 #              mistral-common package; pass one written by datamodules.mistral_tokenizer().save(path) elsewhere)
 #   SMOKE=1    the same steps at a tiny shape on a CPU (a few steps, short lengths): checks the whole script
 #   TRAIN_ARGS extra train.py overrides for every model
-#   STOP_AFTER no unit or step starts after this many seconds (a machine that runs one command for at most N minutes
-#              runs the study as several commands: what finished is skipped on the next call)
+#   STOP_AFTER no unit (training) or comparison starts after this many seconds; a unit that started still runs its
+#              evaluations (a machine that runs one command for at most N minutes runs the study as several
+#              commands: what finished is skipped on the next call)
 # Every step's command, exit code and seconds go to $RESULTS/status.tsv; a failed step does not stop the others, and
 # the script exits non-zero if any step failed.
 set -uo pipefail
@@ -56,12 +59,14 @@ if [ "${SMOKE:-0}" = 1 ]; then  # the shape and lengths shrunk so that every ste
                  --data.init_args.seq_len=$context --data.init_args.batch_size=4 --data.init_args.max_val_batches=2
                  --data.init_args.num_workers=1 --model.optim.warmup_steps=2)
     eval_common=(--device cpu --precision 32)
-    trials=2; ruler_trials=1; ruler_factors="4 8 16"; prune_docs=2; max_docs=(--max-docs 8)
+    trials=2; ruler_trials=1; ruler_factors="4 8 16"; prune_docs=2; max_docs=(--max-docs 8); real_eviction_docs=1
+    max_new_tokens=8
 else
     context=2048
     train_shape=()
     eval_common=(--device cuda --precision bf16)
-    trials=50; ruler_trials=10; ruler_factors="2 4 8"; prune_docs=8; max_docs=()
+    trials=50; ruler_trials=10; ruler_factors="2 4 8"; prune_docs=8; max_docs=(); real_eviction_docs=2
+    max_new_tokens=96
 fi
 tokenizer_train=(); tokenizer_eval=()
 if [ -n "${TOKENIZER:-}" ]; then
@@ -73,7 +78,6 @@ too_late() { [ -n "${STOP_AFTER:-}" ] && [ "$SECONDS" -ge "$STOP_AFTER" ]; }
 # step NAME COMMAND...: run, log to logs/NAME.log, record "NAME exit seconds command" in status.tsv
 step() {
     local name=$1; shift
-    if too_late; then echo "== $name: not started (STOP_AFTER=$STOP_AFTER s reached); run the same command again"; return 1; fi
     local start=$SECONDS
     echo "== $name: $*"
     "$@" >"$results/logs/$name.log" 2>&1
@@ -110,33 +114,47 @@ train() {
 
 lengths() { local f out=(); for f in "$@"; do out+=($((context * f))); done; echo "${out[@]}"; }
 
-# evaluate NAME GROUP: one eval.py task on the unit's checkpoint alone, into eval/<name>/<task>/
-evaluate() {
-    local name=$1 group=$2 task args=()
-    case $group in
-    loss)     task=test_loss; args=(--data "$corpus/slimpajama" "${max_docs[@]}") ;;
-    long)     task=pg19_long; args=(--data "$corpus/pg19" --max-len "$((context * 8))") ;;
-    passkey)  task=passkey; args=(--lengths $(lengths 1 2 4 8) --trials "$trials") ;;
-    ruler)    task=ruler; args=(--data "$corpus/pg19" --lengths $(lengths $ruler_factors) --trials "$ruler_trials") ;;
-    babilong) task=babilong; args=(--data "$corpus/pg19" --lengths $(lengths 1 2 4) --trials "$ruler_trials") ;;
-    prune)    # a model without a bias (softmax) has nothing to prune: its window comparison needs FPA's kept size
-              [[ $name == study_sdpa_* ]] && return 0
-              task=cache_prune; args=(--data "$corpus/pg19" --thresholds -10 -5 --lengths $(lengths 1 4)
-                                      --max-docs "$prune_docs" --passkey-lengths) ;;
-    *)        echo "unknown eval group $group" >&2; failed=1; return 1 ;;
+# eval_task GROUP: the eval.py task of an evaluation group, and the folder its results go to (eval/<name>/<folder>)
+eval_task() {
+    case $1 in
+    loss) echo "test_loss test_loss" ;; long) echo "pg19_long pg19_long" ;; prune) echo "cache_prune cache_prune" ;;
+    evict) echo "cache_prune cache_prune_real" ;; passkey|ruler|babilong|generate|lm_eval) echo "$1 $1" ;;
+    *) return 1 ;;
     esac
-    local out="$results/eval/$name/$task"
+}
+
+# evaluate NAME GROUP: one eval.py task on the unit's checkpoint alone, into eval/<name>/<folder>/
+evaluate() {
+    local name=$1 group=$2 args=() task folder
+    read -r task folder < <(eval_task "$group") || { echo "unknown eval group $group" >&2; failed=1; return 1; }
+    # a model without a bias (softmax) has nothing to prune: its window comparison needs FPA's kept size
+    [[ $task == cache_prune && $name == study_sdpa_* ]] && return 0
+    case $group in
+    loss)     args=(--data "$corpus/slimpajama" "${max_docs[@]}") ;;
+    long)     args=(--data "$corpus/pg19" --max-len "$((context * 8))") ;;
+    passkey)  args=(--lengths $(lengths 1 2 4 8) --trials "$trials") ;;
+    ruler)    args=(--data "$corpus/pg19" --lengths $(lengths $ruler_factors) --trials "$ruler_trials") ;;
+    babilong) args=(--data "$corpus/pg19" --lengths $(lengths 1 2 4) --trials "$ruler_trials") ;;
+    prune)    args=(--data "$corpus/pg19" --thresholds -10 -5 --lengths $(lengths 1 4) --max-docs "$prune_docs"
+                    --passkey-lengths) ;;
+    evict)    args=(--data "$corpus/pg19" --real-eviction --thresholds -10 --lengths "$context"
+                    --max-docs "$real_eviction_docs" --passkey-lengths) ;;
+    generate) args=(--max-new-tokens "$max_new_tokens" --prompt "And God said unto Moses," "def fibonacci(n):"
+                    "The kernel's memory allocator") ;;
+    lm_eval)  args=(--include-path examples/lm_eval --tasks kjv_cloze) ;;
+    esac
+    local out="$results/eval/$name/$folder"
     [ -f "$out/$task.json" ] && return 0
-    step "eval_${name}_$task" "$python" eval.py --task "$task" --ckpt "$(ckpt "$name")" --out "$out" --overwrite \
+    step "eval_${name}_$folder" "$python" eval.py --task "$task" --ckpt "$(ckpt "$name")" --out "$out" --overwrite \
         "${eval_common[@]}" "${tokenizer_eval[@]}" "${args[@]}"
 }
 
 evals_done() {  # NAME: every requested evaluation of the unit has its JSON
-    local name=$1 group task
+    local name=$1 group task folder
     for group in "${evals[@]}"; do
-        case $group in loss) task=test_loss ;; long) task=pg19_long ;; prune) task=cache_prune
-                       [[ $name == study_sdpa_* ]] && continue ;; *) task=$group ;; esac
-        [ -f "$results/eval/$name/$task/$task.json" ] || return 1
+        read -r task folder < <(eval_task "$group") || return 1
+        [[ $task == cache_prune && $name == study_sdpa_* ]] && continue
+        [ -f "$results/eval/$name/$folder/$task.json" ] || return 1
     done
 }
 
@@ -197,9 +215,10 @@ case $command in
     run)     units "" "${backends[@]}" ;;
     sweep)   seeds=(0); units train-only "${backends[@]}" ;;
     compare) compare "${1:?compare needs two backends}" "${2:?compare needs two backends}" ;;
+    all)     verify && units "" "${backends[@]}"; compare fpa fox; compare fpa sdpa ;;
     summary) ;;
     pack)    tar --exclude='*.ckpt' -czf "${1:?pack needs an output file}" "$results" && ls -l "$1" ;;
-    *)       echo "usage: $0 verify|run [BACKEND...]|sweep [BACKEND...]|compare A B|summary|pack FILE" >&2; exit 2 ;;
+    *)       echo "usage: $0 verify|all|run [BACKEND...]|sweep [BACKEND...]|compare A B|summary|pack FILE" >&2; exit 2 ;;
 esac
 summary
 exit "$failed"

@@ -38,7 +38,7 @@ PAIRED = ("test_loss", "pg19_long", "passkey", "ruler", "babilong", "cache_prune
 EVALS = {**{f"{task}-fpa-{peer}": task for task in PAIRED for peer in PEERS},  # eval folder -> task (its JSON's name)
          "cache_prune_real-fpa-fox": "cache_prune", **{f"generate-{b}": "generate" for b in BACKENDS},
          "lm_eval-fpa-fox": "lm_eval"}
-LIGHTNING_TAGS = ("train/", "val/", "epoch")
+LIGHTNING_TAGS = ("train/", "epoch")  # logged at the steps done before the batch (val/ and test/: at the steps done)
 MISSING = "not run / failed (see status.tsv)"
 DASH = "—"
 COLOR = {"FPA": "C0", "FoX": "C1", "softmax": "C2"}  # one colour per model in every figure
@@ -54,8 +54,8 @@ def read_scalars(run: pathlib.Path) -> dict[str, list[tuple[int, float]]]:
     events.Reload()
     out = {}
     for tag in events.Tags()["scalars"]:
-        # Lightning logs at the count of steps done before the current one (val/loss after the 3rd step at 2); the
-        # callbacks log at trainer.global_step, after it: +1 puts both on "optimizer steps done"
+        # Lightning logs train/ at the count of steps done before the current one; LanguageModel logs val/ and the
+        # callbacks log their statistics at trainer.global_step, after it: +1 puts all on "optimizer steps done"
         shift = 1 if tag.startswith(LIGHTNING_TAGS) else 0
         out[tag] = [(e.step + shift, e.value) for e in events.Scalars(tag)]
     return out

@@ -2,6 +2,8 @@
 
     python benchmarks/lm_study_runs.py final RESULTS/runs/NAME --backend fpa --lr 1e-3 --seed 0 [--compare-with OLD]
     python benchmarks/lm_study_runs.py finals RESULTS/runs          # one line per finished run
+    python benchmarks/lm_study_runs.py report RECORDS --out docs/lm_study   # seeds.md and the seed figures
+    python benchmarks/lm_study_runs.py report RECORDS --out docs/lm_study --check   # seeds.md == rendered, else exit 1
 
 `final` reads the run's TensorBoard events, config.yaml and hparams.yaml (its newest version_N) and writes
 NAME/final.json: the unit (backend, learning rate, initialisation and data seeds), every logged validation loss and the
@@ -9,6 +11,10 @@ last training losses as logged (float32, exact, so that a reproduction can be ch
 the head and long-context summaries and the implementations that ran. The record replaces the event files in the
 study's committed results (docs/lm_study.md, "Reproduce"). With --compare-with (an earlier record of the same unit,
 from another lease) it says whether the new training reproduced the old one bit for bit.
+
+`report` reads the committed records of the seeded study (RECORDS = benchmarks/results/lm_study_seeds: runs/*.json,
+the final.json of each run; compare/<a>-<b>_lr<lr>/<task>_seeds.json, written by `eval.py seeds`) and writes
+OUT/seeds.md (every run's final losses and head summary; every seed-level comparison) and OUT/seeds_curves.png.
 """
 from __future__ import annotations
 
@@ -77,6 +83,107 @@ def list_finals(runs: pathlib.Path) -> int:
     return 0
 
 
+NAMES = {"fpa": "FPA", "fox": "FoX", "sdpa": "softmax"}
+
+
+def read_records(records: pathlib.Path) -> tuple[list[dict], list[dict]]:
+    runs = [json.loads(p.read_text()) for p in sorted((records / "runs").glob("*.json"))]
+    comparisons = [json.loads(p.read_text()) | {"folder": p.parent.name}
+                   for p in sorted((records / "compare").glob("*/*_seeds.json"))]
+    return runs, comparisons
+
+
+def signed(x: float | None, digits: int = 4) -> str:
+    return "—" if x is None else f"{x:+.{digits}f}"
+
+
+def interval(iv: dict | None) -> str:
+    return "—" if iv is None else f"[{iv['lower']:+.4f}, {iv['upper']:+.4f}]"
+
+
+def training_table(runs: list[dict]) -> list[str]:
+    lines = ["| run | backend | lr | seed | data seed | final val loss | last train loss | median alive | "
+             "non-suffix heads | boundary ratio |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in runs:
+        heads = (r.get("heads") or {}).get("values", {})
+        alive, ratio, nonsuffix, with_bias = (heads.get(k) for k in (
+            "median_alive_fraction", "boundary_ratio", "nonsuffix_heads", "heads_with_bias"))
+        lines.append(
+            f"| {r['run']} | {NAMES.get(r['backend'], r['backend'])} | {r['lr']:g} | {r['seed']} | {r['data_seed']} | "
+            f"{r['final_val_loss']!r} | {r['last_train_losses'][-1][1]!r} | "
+            f"{'—' if alive is None else f'{100 * alive:.2f} %'} | "
+            f"{'—' if nonsuffix is None else f'{int(nonsuffix)} of {int(with_bias)}'} | "
+            f"{'—' if ratio is None else f'{ratio:.2f}'} |")
+    return lines
+
+
+def comparison_table(doc: dict) -> list[str]:
+    seeds = doc["seeds"]
+    lines = [f"**{doc['task']}**, {doc['folder']} ({len(seeds)} seeds; {doc['confidence']:.0%} intervals; "
+             f"{doc['n_boot']} bootstrap resamples)", "",
+             "| metric | " + " | ".join(f"seed {s}" for s in seeds) + " | mean | t-interval over seeds | "
+             "hierarchical bootstrap | sign test p | verdict |",
+             "|---|" + "---|" * len(seeds) + "---|---|---|---|---|"]
+    for m in doc["metrics"]:
+        per_seed = {p["seed"]: p["estimate"] for p in m["per_seed"]}
+        lines.append(f"| {m['name']} ({m['direction']} is better) | "
+                     + " | ".join(signed(per_seed.get(s)) for s in seeds)
+                     + f" | {signed(m['mean'])} | {interval(m['t_interval'])} | "
+                     f"{interval(m['hierarchical_bootstrap'])} | {m['sign_test']['p_two_sided']:.3g} | "
+                     f"{m['verdict'] or 'none (one seed)'} |")
+    return lines
+
+
+def render(runs: list[dict], comparisons: list[dict]) -> str:
+    lines = ["# The seeded language-model study: tables", "",
+             "Rendered by `python benchmarks/lm_study_runs.py report benchmarks/results/lm_study_seeds --out "
+             "docs/lm_study` from the committed records (a test re-renders it). Differences are A − B, A the first "
+             "backend of the folder name, per training seed on the same evaluation items.", "",
+             "## Runs", "", *training_table(runs), "", "## Comparisons across seeds", ""]
+    for doc in comparisons:
+        lines += [*comparison_table(doc), ""]
+    return "\n".join(lines)
+
+
+def plot_curves(runs: list[dict], path: pathlib.Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    colors = {"fpa": "C0", "fox": "C1", "sdpa": "C2"}
+    for ax, tag in zip(axes, ("train/loss", "val/loss")):
+        for r in runs:
+            points = r["curves"][tag]
+            ax.plot([t / 1e6 for t, _ in points], [v for _, v in points], color=colors.get(r["backend"]),
+                    alpha=0.8, marker="o" if tag == "val/loss" else None, markersize=3,
+                    label=f"{NAMES.get(r['backend'], r['backend'])} seed {r['seed']}")
+        ax.set(xlabel="tokens seen (millions)", ylabel=f"{tag} (nats)", title=f"{tag}, every seed")
+    axes[0].set_ylim(top=7.0)
+    axes[1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def report(args) -> int:
+    runs, comparisons = read_records(args.records)
+    text = render(runs, comparisons) + "\n"
+    target = args.out / "seeds.md"
+    if args.check:
+        if target.read_text() == text:
+            print(f"{target} matches the records")
+            return 0
+        print(f"{target} differs from the tables rendered from {args.records}: run the report again")
+        return 1
+    args.out.mkdir(parents=True, exist_ok=True)
+    target.write_text(text)
+    plot_curves(runs, args.out / "seeds_curves.png")
+    print(f"wrote {target} and {args.out / 'seeds_curves.png'}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -88,7 +195,13 @@ def main(argv: list[str] | None = None) -> int:
     final.add_argument("--compare-with", type=pathlib.Path, help="an earlier final.json of the same unit")
     finals = commands.add_parser("finals", help="list every RUNS/*/final.json")
     finals.add_argument("runs", type=pathlib.Path)
+    rendered = commands.add_parser("report", help="OUT/seeds.md and OUT/seeds_curves.png from the committed records")
+    rendered.add_argument("records", type=pathlib.Path)
+    rendered.add_argument("--out", type=pathlib.Path, required=True)
+    rendered.add_argument("--check", action="store_true", help="only compare OUT/seeds.md with the rendering")
     args = parser.parse_args(argv)
+    if args.command == "report":
+        return report(args)
     return write_final(args) if args.command == "final" else list_finals(args.runs)
 
 

@@ -32,8 +32,8 @@ def write_run(root: pathlib.Path, backend: str, heads: bool) -> None:
         writer.add_scalar("train/loss", loss, step)
     for step, speed in zip((9, 19, 39), (100.0, 300.0, 200.0)):
         writer.add_scalar("train/tokens_per_s", speed, step)
-    writer.add_scalar("val/loss", 3.25, 29)
-    writer.add_scalar("val/loss", 3.5, 59)
+    writer.add_scalar("val/loss", 3.25, 30)  # LanguageModel logs val/ at the steps done (trainer.global_step)
+    writer.add_scalar("val/loss", 3.5, 60)
     for step, alive in ((30, 0.5), (60, 0.25)):  # callbacks: at trainer.global_step
         if heads:
             writer.add_scalar("heads/summary/median_alive_fraction", alive, step)

@@ -1,29 +1,15 @@
 """Atomically written files get the permissions a plain open() gives under the user's umask (0644 under 022, 0600
 under 077), not the owner-only mode of a temporary file: results, checkpoints (AtomicCheckpointIO) and any
 atomic_open. (An export's files: tests/hf/test_hf_export_files.py.)"""
-import contextlib
 import os
-import stat
 
 import pytest
 import torch
 
+from _file_modes import mode, umask
 from fpa_lightning.atomic import atomic_open, plain_file_mode, write_json
 
 UMASKS = [0o022, 0o077, 0o002]
-
-
-@contextlib.contextmanager
-def umask(mask: int):
-    old = os.umask(mask)
-    try:
-        yield
-    finally:
-        os.umask(old)
-
-
-def mode(path) -> int:
-    return stat.S_IMODE(os.stat(path).st_mode)
 
 
 @pytest.mark.parametrize("mask", UMASKS)

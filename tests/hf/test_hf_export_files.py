@@ -1,13 +1,12 @@
 """The files of an export folder: every one gets the mode a plain open() gives under the user's umask (safetensors
 writes its own file 0600); an existing folder is refused naming the files the export would replace; --overwrite
 replaces only the export's own files, and never a README.md that no export wrote."""
-import contextlib
 import os
-import stat
 
 import pytest
 import torch
 
+from _file_modes import mode, umask
 import transformers  # noqa: E402,F401  declared in the dev extra: a broken install fails here rather than skips
 from fpa_lightning import Decoder, ModelConfig  # noqa: E402
 from fpa_lightning.export import CARD_MARKER, load_hf  # noqa: E402
@@ -20,15 +19,6 @@ def tiny_decoder(seed: int = 0) -> Decoder:
                                attention={"backend": "fpa", "impl": "chunked", "block_size": 16})).eval()
 
 
-@contextlib.contextmanager
-def umask(mask: int):
-    old = os.umask(mask)
-    try:
-        yield
-    finally:
-        os.umask(old)
-
-
 def export(folder, tokenizer, seed: int = 0, overwrite: bool = False) -> dict:
     return save_export(tiny_decoder(seed), str(folder), "# card\n", tokenizer, 1, 2, overwrite=overwrite,
                        provenance={"path": "/x.ckpt", "global_step": seed})
@@ -39,7 +29,7 @@ def test_every_exported_file_gets_the_mode_of_a_plain_open(tmp_path, tokenizer, 
     with umask(mask):
         paths = export(tmp_path / "out", tokenizer)
     assert "model.safetensors" in paths and "checkpoint.json" in paths
-    modes = {name: stat.S_IMODE(os.stat(path).st_mode) for name, path in paths.items()}
+    modes = {name: mode(path) for name, path in paths.items()}
     assert modes == {name: 0o666 & ~mask for name in paths}
 
 

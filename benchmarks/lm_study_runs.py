@@ -12,7 +12,7 @@ the head and long-context summaries and the implementations that ran. The record
 study's committed results (docs/lm_study.md, "Reproduce"). With --compare-with (an earlier record of the same unit,
 from another lease) it says whether the new training reproduced the old one bit for bit.
 
-`report` reads the committed records of the seeded study (RECORDS = benchmarks/results/lm_study_seeds: runs/*.json,
+`report` reads the committed records of the seeded study (RECORDS = benchmarks/results/lm_study_seeds: trainings/*.json,
 the final.json of each run; compare/<a>-<b>_lr<lr>/<task>_seeds.json, written by `eval.py seeds`) and writes
 OUT/seeds.md (every run's final losses and head summary; every seed-level comparison) and OUT/seeds_curves.png.
 """
@@ -87,7 +87,7 @@ NAMES = {"fpa": "FPA", "fox": "FoX", "sdpa": "softmax"}
 
 
 def read_records(records: pathlib.Path) -> tuple[list[dict], list[dict]]:
-    runs = [json.loads(p.read_text()) for p in sorted((records / "runs").glob("*.json"))]
+    runs = [json.loads(p.read_text()) for p in sorted((records / "trainings").glob("*.json"))]
     comparisons = [json.loads(p.read_text()) | {"folder": p.parent.name}
                    for p in sorted((records / "compare").glob("*/*_seeds.json"))]
     return runs, comparisons

@@ -9,7 +9,7 @@ import torch
 import yaml
 
 from datamodules import SlimPajamaDataModule, TextDataModule
-from train import main
+from train import SetupError, main
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 CONFIGS = sorted(REPO.glob("configs/*.yaml"))
@@ -259,5 +259,5 @@ def test_bad_config_is_a_clear_parse_error(override, message, capsys):
 def test_fused_on_cpu_fails_before_training():
     """LanguageModel.setup resolves the implementation on the run's device, before the first batch."""
     args = ["fit", "--config", str(QUICKSTART), "--model.model.attention.impl=fused", "--trainer.logger=false"]
-    with pytest.raises(RuntimeError, match="attention.impl='fused' for backend 'fpa' needs a CUDA GPU"):
+    with pytest.raises(SetupError, match="attention.impl='fused' for backend 'fpa' needs a CUDA GPU"):
         main(args)

@@ -215,8 +215,10 @@ def test_committed_study_tables_come_from_the_committed_json():
     results = json.loads((study / "results.json").read_text())
     assert round(results["evals"]["test_loss-fpa-fox"]["difference"]["estimate"], 4) == -0.0130
     assert results["training"]["fpa"]["tokens_seen"] == 25_559_040
+    assert round(results["evals"]["test_loss-fpa-sdpa"]["difference"]["estimate"], 4) == -0.3738
     doc = (PATH.parents[1] / "docs" / "lm_study.md").read_text()
-    assert "−0.0130 [−0.0190, −0.0070]" in doc
+    assert "first study's FPA − FoX of −0.0130" in doc  # quoted as one draw of the seed spread, with no verdict
+    assert "−0.3738 (one pair; evaluation noise [−0.3888, −0.3591])" in doc
 
 
 def test_second_training_fills_the_missing_evals_and_is_marked(results_dir, tmp_path):

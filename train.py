@@ -14,7 +14,10 @@ itself is dropped: ``--print_config`` and the run's saved ``config.yaml`` hold t
 The model is ``modules.LanguageModel``; ``data`` takes any ``datamodules.TextDataModule`` subclass
 (``data.class_path``). Every run gets a TensorBoard logger under ``runs/<name>/version_<n>`` (the YAML
 names it), a ModelCheckpoint (``checkpoint.*``: the best by ``val/loss`` plus ``last.ckpt``, in the
-logger's ``checkpoints/`` folder) and its resolved ``config.yaml``. Resume with ``--ckpt_path <file>``.
+logger's ``checkpoints/`` folder) and its resolved ``config.yaml``. Resume with ``--ckpt_path <file>``, or with
+``fit --resume auto`` (the latest run of the same logger name, from its ``last.ckpt``, in the same folder). SIGTERM or
+SIGINT writes ``last.ckpt`` of the last finished optimizer step and exits 128 + the signal number
+(``callbacks.preemption``; docs/training.md, "Resuming and preemption").
 ``predict`` continues the prompts of a ``datamodules.PromptDataModule`` (``--data.class_path``) and writes JSONL
 (``--predictions.path``, docs/generation.md). ``model.model.max_seq_len`` is not set by hand: it is linked to
 ``data.init_args.seq_len``. Precision is ``trainer.precision``, set explicitly in each YAML (bf16-mixed for the GPU
@@ -39,6 +42,7 @@ import os
 import pathlib
 import sys
 import warnings
+from typing import Literal, Optional
 
 import yaml
 from lightning.pytorch.callbacks import ModelCheckpoint, RichProgressBar, TQDMProgressBar
@@ -47,7 +51,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from lightning_utilities.core import rank_zero as lightning_rank_zero
 
-from callbacks import GenerationWriter
+from callbacks import GenerationWriter, PreemptionCheckpoint, Preempted
 from callbacks.progress import StepProgressBar
 from datamodules import TextDataModule
 from datamodules.sources import CorruptDataError
@@ -64,6 +68,7 @@ TRAINER_DEFAULTS = {
         "init_args": {"save_dir": "runs", "name": "default"},
     },
 }
+RESUME_AUTO = "auto"  # ``fit --resume auto``: continue the latest run of the logger's name (TrainCLI.resolve_resume)
 DEBUG_ENV = "FPA_DEBUG"  # FPA_DEBUG=1: a known error shows its full traceback instead of one line
 
 # Noise on every run that is not ours to fix, silenced by its exact text only: Lightning's advertisement for its
@@ -141,6 +146,9 @@ class TrainCLI(LightningCLI):
         # An overlay's ``base: <file>`` (expanded by with_resolved_configs before parsing): accepted and dropped from
         # --print_config and the saved config.yaml (a suppressed option is never dumped).
         parser.add_argument(f"--{BASE_KEY}", default=None, help=argparse.SUPPRESS)
+        parser.add_argument("--resume", type=Optional[Literal["auto"]], default=None,
+                            help="auto (fit): continue the latest run of the logger's save_dir/name from its last.ckpt, "
+                                 "in the same folder; a new run when there is none")
         # A parser-level callback (not a trainer.callbacks entry), so a YAML that lists its own
         # callbacks adds to it instead of replacing it.
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
@@ -174,6 +182,8 @@ class TrainCLI(LightningCLI):
             # Lightning's default bar (Rich's where rich is installed) counts an endless epoch's batches: one in
             # optimizer steps to max_steps instead (callbacks.progress); a bar the user configured stays
             trainer.callbacks[trainer.callbacks.index(bar)] = StepProgressBar()
+        if trainer is not None and not any(isinstance(c, PreemptionCheckpoint) for c in trainer.callbacks):
+            trainer.callbacks.append(PreemptionCheckpoint())  # SIGTERM/SIGINT: checkpoint, then stop
 
     def _run_subcommand(self, subcommand: str) -> None:
         self.check_before_run(subcommand)
@@ -207,6 +217,8 @@ class TrainCLI(LightningCLI):
         the weights, and a resumed optimizer and schedule continue from their saved state anyway). Refuses a remote
         checkpoint, and lists on stderr every value the checkpoint replaces, before anything runs."""
         subcommand = self.config.get("subcommand")
+        if subcommand:
+            self.resolve_resume(subcommand)
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
         if ckpt_path and (is_remote(ckpt_path) or ckpt_path == "registry" or str(ckpt_path).startswith("registry:")):
             self.parser.error(f"--ckpt_path {ckpt_path!r}: remote checkpoints are refused (Lightning would unpickle "
@@ -236,6 +248,46 @@ class TrainCLI(LightningCLI):
             print(f"train.py: --ckpt_path {ckpt_path}: the checkpoint's hyper-parameters win over these command-line/"
                   f"config values (the run uses the checkpoint's; to change them, start a new run from the "
                   f"weights):\n" + "\n".join(lines), file=sys.stderr)
+
+    def resolve_resume(self, subcommand: str) -> None:
+        """``fit --resume auto``: the TensorBoard logger's ``save_dir/name/version_<n>`` of highest n whose
+        ``checkpoints/last.ckpt`` exists (or the logger's own ``version`` when set) becomes ``ckpt_path``, and the
+        logger's ``version`` is set to it, so the run continues in the same folder. No such run: a new one. The resume
+        then goes through every check of an explicit ``--ckpt_path``."""
+        config = self.config[subcommand]
+        if config.get("resume") != RESUME_AUTO:
+            return
+        if subcommand != "fit":
+            raise SetupError(f"--resume {RESUME_AUTO} continues a training run; {subcommand} takes --ckpt_path")
+        if config.get("ckpt_path"):
+            raise SetupError(f"--resume {RESUME_AUTO} and --ckpt_path {config['ckpt_path']}: pass one of them")
+        loggers = config["trainer"].get("logger")
+        loggers = loggers if isinstance(loggers, list) else [loggers]
+        tensorboard = next((logger for logger in loggers if str(getattr(logger, "class_path", "")).endswith(
+            "TensorBoardLogger")), None)
+        if tensorboard is None:
+            raise SetupError(f"--resume {RESUME_AUTO} finds runs through the TensorBoard logger's save_dir/name "
+                             f"(version_<n>/checkpoints/last.ckpt), and this run has none; resume with --ckpt_path")
+        args = tensorboard.init_args
+        folder = pathlib.Path(args.get("save_dir") or ".") / (args.get("name") or "")
+        version = args.get("version")
+        if version is not None:
+            name = version if isinstance(version, str) else f"version_{version}"
+            candidates = [(version, folder / name)]
+        else:
+            candidates = sorted(((int(path.name.split("_", 1)[1]), path) for path in folder.glob("version_*")
+                                 if path.name.split("_", 1)[1].isdigit()), reverse=True)
+        for version, run in candidates:
+            last = run / "checkpoints" / "last.ckpt"
+            if last.is_file():
+                args["version"] = version
+                config["ckpt_path"] = str(last)
+                if rank_zero_only.rank == 0:
+                    print(f"train.py: --resume {RESUME_AUTO}: continuing {run} from {last}", file=sys.stderr)
+                return
+        if rank_zero_only.rank == 0:
+            print(f"train.py: --resume {RESUME_AUTO}: no run in {folder} has checkpoints/last.ckpt; starting a new "
+                  f"run", file=sys.stderr)
 
 
 class NoClobberSaveConfig(SaveConfigCallback):
@@ -393,6 +445,9 @@ def command(args: list[str] | None = None) -> int:
     ``FPA_DEBUG=1`` it is raised with its full traceback."""
     try:
         main(args)
+    except Preempted as stop:  # a checkpoint of the last finished step was written (callbacks.preemption)
+        print(f"train.py: {stop}; continue with the same command and --resume {RESUME_AUTO}", file=sys.stderr)
+        return stop.code
     except (SetupError, NonFiniteLossError, CorruptDataError, DataChangedError) as error:
         if os.environ.get(DEBUG_ENV, "").lower() in ("1", "true", "yes", "on"):
             raise

@@ -1,4 +1,5 @@
-"""HeadSurvivalCallback: which keys each attention head keeps alive, logged to TensorBoard under heads/.
+"""HeadSurvivalCallback: which keys each attention head keeps alive, logged under heads/ to every logger
+(callbacks.dashboard.LoggerWriter: scalars and images to TensorBoard and W&B, histograms to TensorBoard).
 
 Statistics (definitions and the measurement in fpa_lightning/analysis/survival.py) come from `Decoder.probe` on a fixed held-out batch: no grad,
 float32, autocast off, never from the training forward. Every backend with a bias is measured from its own bias
@@ -15,8 +16,8 @@ from callbacks.dashboard import (
     WALK_KINDS,
     datamodule_method,
     layer_tag,
+    logger_writer,
     new_figure,
-    tensorboard_writer,
     write_layout_once,
 )
 from fpa_lightning.analysis.survival import HeadReport, effective_query_start, measure_heads
@@ -91,7 +92,7 @@ class HeadSurvivalCallback(Callback):
             return
         self._last_step = trainer.global_step
         with whole_decoder(trainer, pl_module) as model:  # every rank enters: under FSDP it gathers the model
-            writer = tensorboard_writer(trainer, type(self).__name__) if model is not None else None
+            writer = logger_writer(trainer, type(self).__name__) if model is not None else None
             if writer is not None:
                 self._measure(trainer, pl_module, model, writer)
 
@@ -109,6 +110,7 @@ class HeadSurvivalCallback(Callback):
         self._log(writer, self.latest, trainer.global_step)
         if self.log_images:
             self._log_images(writer, model, input_ids, self.latest, trainer.global_step)
+        writer.flush()
 
     def _probe_batch(self, trainer: Trainer, model) -> dict:
         """The explicit batch, else the datamodule's fixed probe batch (fetched once: it is deterministic)."""

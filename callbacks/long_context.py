@@ -13,7 +13,7 @@ from collections.abc import Iterable
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 
-from callbacks.dashboard import datamodule_method, new_figure, tensorboard_writer, write_layout_once
+from callbacks.dashboard import datamodule_method, logger_writer, new_figure, write_layout_once
 from datamodules import TextDataModule
 from fpa_lightning.analysis.positions import loss_by_position, uniform_edges
 from modules.scaling import whole_decoder
@@ -63,7 +63,7 @@ class LongContextLossCallback(Callback):
         if trainer.sanity_checking:
             return
         with whole_decoder(trainer, pl_module) as model:  # every rank enters: under FSDP it gathers the model
-            writer = tensorboard_writer(trainer, type(self).__name__) if model is not None else None
+            writer = logger_writer(trainer, type(self).__name__) if model is not None else None
             if writer is not None:
                 self._measure(trainer, model, writer)
 
@@ -84,6 +84,7 @@ class LongContextLossCallback(Callback):
                 writer.add_scalar(f"long_context/summary/{name}", float(sums[picked].sum() / counts[picked].sum()), step)
         if self.log_image and self.latest:
             writer.add_figure("long_context/image/loss_vs_position", _plot(self.latest, bucket, context, step), step)
+        writer.flush()
 
     def _load_documents(self, trainer: Trainer, context: int, window: int) -> list[torch.Tensor]:
         """The explicit documents, else the datamodule's (fetched once: the same documents at every validation)."""

@@ -54,7 +54,7 @@ class ThroughputCallback(Callback):
         self._flops_per_token: dict[int, float] = {}  # by sequence length
         self._warned = False
         self._window_start: float | None = None
-        self._window_tokens, self._window_flops = 0, 0.0
+        self._window_flops = 0.0  # model FLOPs of the open window's training batches
         self._last_step = 0
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -82,7 +82,6 @@ class ThroughputCallback(Callback):
         input_ids = batch["input_ids"]  # (B, T): this rank's micro-batch; every rank takes one of the same shape
         tokens = input_ids.numel() * trainer.world_size
         self.tokens += tokens
-        self._window_tokens += tokens
         self._window_flops += tokens * self.flops_per_token(pl_module, input_ids.shape[1])
         step = trainer.global_step
         stepped, self._last_step = step != self._last_step, step  # False inside gradient accumulation
@@ -100,11 +99,11 @@ class ThroughputCallback(Callback):
         if trainer.is_global_zero:
             for logger in trainer.loggers:
                 logger.log_metrics(metrics, step=step)
-        self._window_start, self._window_tokens, self._window_flops = now, 0, 0.0
+        self._window_start, self._window_flops = now, 0.0
 
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         # validation is not training time: drop the open window, restart at the next training batch
-        self._window_start, self._window_tokens, self._window_flops = None, 0, 0.0
+        self._window_start, self._window_flops = None, 0.0
 
     def flops_per_token(self, pl_module: LightningModule, seq_len: int) -> float:
         """Training FLOPs per token of the module's Decoder for rows of ``seq_len`` tokens (cached per length)."""

@@ -14,7 +14,8 @@ from another lease) it says whether the new training reproduced the old one bit 
 
 `report` reads the committed records of the seeded study (RECORDS = benchmarks/results/lm_study_seeds: trainings/*.json,
 the final.json of each run; compare/<a>-<b>_lr<lr>/<task>_seeds.json, written by `eval.py seeds`) and writes
-OUT/seeds.md (every run's final losses and head summary; every seed-level comparison) and OUT/seeds_curves.png.
+OUT/seeds.md (every run's final losses and head summary; the learning-rate sweep; every seed-level comparison),
+OUT/seeds_curves.png (the runs trained with several seeds) and OUT/sweep.png (final loss against the peak rate).
 """
 from __future__ import annotations
 
@@ -84,6 +85,8 @@ def list_finals(runs: pathlib.Path) -> int:
 
 
 NAMES = {"fpa": "FPA", "fox": "FoX", "sdpa": "softmax"}
+SWEEP_RATES = (3e-4, 6e-4, 1e-3, 2e-3)  # the learning-rate sweep's peak rates (docs/lm_study.md, "Tuned baselines")
+SWEEP_SEED = 0
 
 
 def read_records(records: pathlib.Path) -> tuple[list[dict], list[dict]]:
@@ -117,6 +120,35 @@ def training_table(runs: list[dict]) -> list[str]:
     return lines
 
 
+def rate(lr: float) -> str:
+    """3e-4, as benchmarks/lm_study.sh's LRS and the run names write it."""
+    return f"{lr:.0e}".replace("e-0", "e-")
+
+
+def sweep_losses(runs: list[dict]) -> dict[str, dict[float, float]]:
+    """{backend: {lr: final val loss}} of the sweep's seed-0 runs."""
+    sweep: dict[str, dict[float, float]] = {}
+    for r in runs:
+        if r["seed"] == SWEEP_SEED and r["data_seed"] == 0:
+            sweep.setdefault(r["backend"], {})[r["lr"]] = r["final_val_loss"]
+    return sweep
+
+
+def sweep_table(runs: list[dict]) -> list[str]:
+    """One row per backend: the final validation loss at each swept rate; the lowest in bold. A backend with a rate
+    not yet trained shows its best so far, never a pick."""
+    lines = ["| backend | " + " | ".join(f"lr {rate(lr)}" for lr in SWEEP_RATES) + " | lowest | picked |",
+             "|---|" + "---|" * len(SWEEP_RATES) + "---|---|"]
+    for backend, losses in sorted(sweep_losses(runs).items()):
+        best = min(losses, key=losses.get)
+        cells = [("not run" if lr not in losses else
+                  f"**{losses[lr]:.4f}**" if lr == best else f"{losses[lr]:.4f}") for lr in SWEEP_RATES]
+        complete = all(lr in losses for lr in SWEEP_RATES)
+        lines.append(f"| {NAMES.get(backend, backend)} | " + " | ".join(cells) + f" | {rate(best)} | "
+                     + (rate(best) if complete else "pending (rates not run)") + " |")
+    return lines
+
+
 def comparison_table(doc: dict) -> list[str]:
     seeds = doc["seeds"]
     lines = [f"**{doc['task']}**, {doc['folder']} ({len(seeds)} seeds; {doc['confidence']:.0%} intervals; "
@@ -139,10 +171,26 @@ def render(runs: list[dict], comparisons: list[dict]) -> str:
              "Rendered by `python benchmarks/lm_study_runs.py report benchmarks/results/lm_study_seeds --out "
              "docs/lm_study` from the committed records (a test re-renders it). Differences are A − B, A the first "
              "backend of the folder name, per training seed on the same evaluation items.", "",
-             "## Runs", "", *training_table(runs), "", "## Comparisons across seeds", ""]
+             "## Runs", "", *training_table(runs), "",
+             f"## Learning-rate sweep (seed {SWEEP_SEED}, final validation loss)", "",
+             "Each backend trained once per peak rate (50 warm-up steps, cosine to a tenth, as every study run); the "
+             "lowest final validation loss picks the rate. One seed: differences smaller than the seed spread of the "
+             "runs above are not resolved.", "", *sweep_table(runs), "",
+             "## Comparisons across seeds", ""]
     for doc in comparisons:
         lines += [*comparison_table(doc), ""]
     return "\n".join(lines)
+
+
+COLORS = {"fpa": "C0", "fox": "C1", "sdpa": "C2"}
+
+
+def seeded_runs(runs: list[dict]) -> list[dict]:
+    """The runs of each (backend, lr) trained with more than one seed: the seed comparisons' models."""
+    count: dict[tuple, int] = {}
+    for r in runs:
+        count[r["backend"], r["lr"]] = count.get((r["backend"], r["lr"]), 0) + 1
+    return [r for r in runs if count[r["backend"], r["lr"]] > 1]
 
 
 def plot_curves(runs: list[dict], path: pathlib.Path) -> None:
@@ -152,16 +200,35 @@ def plot_curves(runs: list[dict], path: pathlib.Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    colors = {"fpa": "C0", "fox": "C1", "sdpa": "C2"}
+    colors = COLORS
     for ax, tag in zip(axes, ("train/loss", "val/loss")):
-        for r in runs:
+        for r in seeded_runs(runs):
             points = r["curves"][tag]
             ax.plot([t / 1e6 for t, _ in points], [v for _, v in points], color=colors.get(r["backend"]),
                     alpha=0.8, marker="o" if tag == "val/loss" else None, markersize=3,
-                    label=f"{NAMES.get(r['backend'], r['backend'])} seed {r['seed']}")
+                    label=f"{NAMES.get(r['backend'], r['backend'])} lr {r['lr']:g} seed {r['seed']}")
         ax.set(xlabel="tokens seen (millions)", ylabel=f"{tag} (nats)", title=f"{tag}, every seed")
     axes[0].set_ylim(top=7.0)
     axes[1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_sweep(runs: list[dict], path: pathlib.Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    for backend, losses in sorted(sweep_losses(runs).items()):
+        rates = sorted(losses)
+        ax.plot(rates, [losses[lr] for lr in rates], marker="o", color=COLORS.get(backend),
+                label=NAMES.get(backend, backend))
+    ax.set(xscale="log", xlabel="peak learning rate", ylabel="final validation loss (nats)",
+           title=f"learning-rate sweep, seed {SWEEP_SEED}")
+    ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -180,7 +247,8 @@ def report(args) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     target.write_text(text)
     plot_curves(runs, args.out / "seeds_curves.png")
-    print(f"wrote {target} and {args.out / 'seeds_curves.png'}")
+    plot_sweep(runs, args.out / "sweep.png")
+    print(f"wrote {target}, {args.out / 'seeds_curves.png'} and {args.out / 'sweep.png'}")
     return 0
 
 
@@ -195,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     final.add_argument("--compare-with", type=pathlib.Path, help="an earlier final.json of the same unit")
     finals = commands.add_parser("finals", help="list every RUNS/*/final.json")
     finals.add_argument("runs", type=pathlib.Path)
-    rendered = commands.add_parser("report", help="OUT/seeds.md and OUT/seeds_curves.png from the committed records")
+    rendered = commands.add_parser("report", help="OUT/seeds.md and its figures from the committed records")
     rendered.add_argument("records", type=pathlib.Path)
     rendered.add_argument("--out", type=pathlib.Path, required=True)
     rendered.add_argument("--check", action="store_true", help="only compare OUT/seeds.md with the rendering")

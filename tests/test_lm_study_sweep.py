@@ -1,0 +1,27 @@
+"""The learning-rate sweep's table in benchmarks/lm_study_runs.py: the lowest loss in bold, and no rate is picked
+while a swept rate has not been trained."""
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
+
+from lm_study_runs import SWEEP_RATES, rate, sweep_table  # noqa: E402
+
+
+def run(backend: str, lr: float, loss: float, seed: int = 0) -> dict:
+    return {"backend": backend, "lr": lr, "seed": seed, "data_seed": 0, "final_val_loss": loss}
+
+
+def test_rates_are_written_as_the_runner_names_them():
+    assert [rate(lr) for lr in SWEEP_RATES] == ["3e-4", "6e-4", "1e-3", "2e-3"]
+
+
+def test_a_complete_sweep_picks_its_lowest_loss():
+    losses = {3e-4: 4.30, 6e-4: 4.21, 1e-3: 4.25, 2e-3: 4.40}
+    rows = sweep_table([run("fpa", lr, loss) for lr, loss in losses.items()] + [run("fpa", 1e-3, 3.0, seed=1)])
+    assert rows[2] == "| FPA | 4.3000 | **4.2100** | 4.2500 | 4.4000 | 6e-4 | 6e-4 |"  # seed 1 is not the sweep's
+
+
+def test_an_incomplete_sweep_picks_nothing():
+    rows = sweep_table([run("sdpa", 6e-4, 4.49), run("sdpa", 1e-3, 4.59)])
+    assert rows[2] == "| softmax | not run | **4.4900** | 4.5900 | not run | 6e-4 | pending (rates not run) |"

@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader
 
 from fpa_lightning import AttentionConfig, ModelConfig
 from modules import LanguageModel, OptimConfig
-from modules.language_model import fused_adamw_applies, lr_factor
+from modules.optim import fused_adamw_applies, lr_factor
 
 VOCAB = 97
 

@@ -9,6 +9,8 @@ batches round-robin (batch ``i`` of a rank comes from logical worker ``i % W``).
 a pure function of (data, seed, world size, W): ``num_workers`` 0 and 1 give the same batches.
 The train split is an endless sequence of passes; pass ``e`` reorders files and blocks of
 ``shuffle_block`` documents with ``seed`` and ``e``. Validation/test are single passes in file order.
+A train mixture (``datamodules.mixture``) is one endless pass whose records name their source; it orders each of its
+sources itself, so its records are not shuffled again here, and the counters are also kept per source.
 
 Resuming
 --------
@@ -43,18 +45,21 @@ log = logging.getLogger(__name__)
 
 SPLITS = ("train", "validation", "test")
 META_KEY = "_fpa_meta"  # private batch key: worker cursor + counter deltas, removed in the main process
+SOURCE_COUNTERS = ("documents", "tokens", "skipped")  # per source of a mixture (PipelineStats.sources)
 _ENCODE_CHARS = 1 << 20  # tokenise up to ~1 M characters per encode_batch call
 
 
 @dataclass
 class PipelineStats:
-    """Counters of one split: documents and tokens (BOS/EOS included) read, records skipped by reason."""
+    """Counters of one split: documents and tokens (BOS/EOS included) read, records skipped by reason; for a train
+    mixture (``datamodules.mixture``) also per source: ``sources[name] = {documents, tokens, skipped}``."""
 
     documents: int = 0
     tokens: int = 0
     rows: int = 0
     tail_tokens: int = 0  # tokens of a finite split's last, incomplete row (not emitted)
     skipped: Counter = field(default_factory=Counter)
+    sources: dict = field(default_factory=dict)
 
     def add(self, delta: dict) -> None:
         self.documents += delta.get("documents", 0)
@@ -62,10 +67,17 @@ class PipelineStats:
         self.rows += delta.get("rows", 0)
         self.tail_tokens += delta.get("tail_tokens", 0)
         self.skipped.update(delta.get("skipped", {}))
+        for name, counts in delta.get("sources", {}).items():
+            mine = self.sources.setdefault(name, dict.fromkeys(SOURCE_COUNTERS, 0))
+            for key in SOURCE_COUNTERS:
+                mine[key] += counts.get(key, 0)
 
     def as_dict(self) -> dict:
-        return {"documents": self.documents, "tokens": self.tokens, "rows": self.rows,
-                "tail_tokens": self.tail_tokens, "skipped": dict(self.skipped)}
+        out = {"documents": self.documents, "tokens": self.tokens, "rows": self.rows,
+               "tail_tokens": self.tail_tokens, "skipped": dict(self.skipped)}
+        if self.sources:  # (a mixture's only: single-source counters keep their form)
+            out["sources"] = {name: dict(counts) for name, counts in self.sources.items()}
+        return out
 
 
 @dataclass(frozen=True)
@@ -145,19 +157,25 @@ class PackedStream(IterableDataset):
     def _documents(self, encoder, shard, n_shards, epoch, start_doc, delta) -> Iterator[tuple[int, np.ndarray]]:
         """``(index in this shard's stream, [BOS] ids [EOS])`` from ``start_doc`` on; bad records counted."""
         records = self.source.records(n_shards, shard, self.seed, epoch)
-        block = self.shuffle_block if self.infinite else 0
+        # a mixture orders each of its sources itself (datamodules.mixture): its draws are not shuffled again
+        block = self.shuffle_block if self.infinite and not getattr(self.source, "shuffles_itself", False) else 0
         for indexed in record_blocks(records, block, random.Random(f"{self.seed}/{epoch}/{shard}"), start_doc):
             good = []
-            for index, (text, reason) in indexed:
+            for index, record in indexed:
+                text, reason = record[0], record[1]
+                name = record[2] if len(record) > 2 else None  # a mixture's record names its source
                 if reason is not None:
                     delta["skipped"][reason] += 1
+                    _count_source(delta, name, "skipped", 1)
                     log.debug("skipped record %d of shard %d: %s", index, shard, reason)
                 else:
-                    good.append((index, text))
-            for (index, _), ids in zip(good, encoder.encode([t for _, t in good])):
+                    good.append((index, text, name))
+            for (index, _, name), ids in zip(good, encoder.encode([t for _, t, _ in good])):
                 tokens = with_bos_eos(ids)
                 delta["documents"] += 1
                 delta["tokens"] += len(tokens)
+                _count_source(delta, name, "documents", 1)
+                _count_source(delta, name, "tokens", len(tokens))
                 yield index, tokens
 
     def _batch(self, rows, logical, cursor, delta) -> dict:
@@ -172,15 +190,23 @@ class PackedStream(IterableDataset):
 
 
 def _new_delta() -> dict:
-    return {"documents": 0, "tokens": 0, "rows": 0, "tail_tokens": 0, "skipped": Counter()}
+    return {"documents": 0, "tokens": 0, "rows": 0, "tail_tokens": 0, "skipped": Counter(), "sources": {}}
+
+
+def _count_source(delta: dict, name: str | None, counter: str, n: int) -> None:
+    """Add ``n`` to a mixture source's counter (looked up each time: ``_drain`` empties the mapping between batches);
+    nothing for a plain record (``name`` None)."""
+    if name is not None:
+        delta["sources"].setdefault(name, dict.fromkeys(SOURCE_COUNTERS, 0))[counter] += n
 
 
 def _drain(delta: dict) -> dict:
     """A copy of the counters gathered since the last batch; zeroes ``delta`` in place (shared with readers)."""
     # plain dicts: torch's default_convert would "copy" a Counter with update(), doubling it
     out = {k: (dict(v) if isinstance(v, Counter) else v) for k, v in delta.items()}
+    out["sources"] = {name: dict(counts) for name, counts in delta["sources"].items()}
     for k, v in delta.items():
-        if isinstance(v, Counter):
+        if isinstance(v, (Counter, dict)):
             v.clear()
         else:
             delta[k] = 0

@@ -1,5 +1,6 @@
 """``TextDataModule``: packed, resumable language-modelling batches from the offline corpus, local files or a hub
-data set. How batches are built and resumed: ``datamodules.stream``; the loader: ``datamodules.loader``."""
+data set, or for training a weighted mixture of such sources and synthetic ones (``datamodules.mixture``). How batches
+are built and resumed: ``datamodules.stream``; the loader: ``datamodules.loader``."""
 
 from __future__ import annotations
 
@@ -19,7 +20,9 @@ from torch.utils.data import DataLoader, IterableDataset
 from . import sources
 from .corpus import offline_corpus_dir
 from .loader import ResumableLoader
+from .mixture import MixtureEntry, MixturePart, MixtureSource, parse_mixture
 from .packing import DocumentEncoder, with_bos_eos
+from .retrieval_synth import RetrievalSource
 from .stream import META_KEY, SPLITS, PackedStream, PipelineStats, SplitSource, record_blocks
 from .tokenizer import mistral_tokenizer
 
@@ -95,6 +98,12 @@ class TextDataModule(L.LightningDataModule):
             sizes, ``text_field``, tokenizer or hub id/split) instead of refusing. The differences are logged; the
             saved position (document index per worker) is applied to the new data as it is, so data may be
             repeated or skipped.
+        mixture: train on a mixture of sources instead of the train split alone: ``{name: {...}}``, each source
+            local files, a hub id or ``offline`` (``{}``: the module's own train data) or a synthetic generator
+            (``{synthetic: retrieval, ...}``). Validation and test stay the module's own splits. Per-source counts:
+            ``stats["train"]["sources"]``. See ``datamodules.mixture`` and docs/training.md, "Data mixtures".
+        mixture_weights: the weight of each source of ``mixture``, ``{name: w}``: numbers >= 0 (relative), or one
+            ``rest`` (the others are then shares of the documents, and it takes the rest).
     """
 
     #: per split, globs tried in order inside a local ``source`` folder (first one that matches wins)
@@ -126,6 +135,8 @@ class TextDataModule(L.LightningDataModule):
         hub_val_split: str = "validation",
         hub_test_split: str = "test",
         allow_data_change: bool = False,
+        mixture: dict | None = None,
+        mixture_weights: dict | None = None,
     ):
         super().__init__()
         if eval_mode not in ("packed", "long_docs"):
@@ -146,6 +157,8 @@ class TextDataModule(L.LightningDataModule):
         self.max_val_batches, self.eval_mode = max_val_batches, eval_mode
         self.long_doc_max_tokens = long_doc_max_tokens
         self.allow_data_change = allow_data_change
+        self.mixture: list[MixtureEntry] | None = (
+            None if mixture is None and mixture_weights is None else parse_mixture(mixture, mixture_weights))
         self._tokenizer = None
         self._fingerprint: dict | None = None
         self._sources: dict[str, SplitSource] = {}
@@ -181,54 +194,111 @@ class TextDataModule(L.LightningDataModule):
         unusable (garbage, another text field) raises ``UnusableDataError`` counting the skipped records by cause.
         Reads each split's records only up to its first usable one (all of them only when none is)."""
         for split in STAGE_SPLITS.get(stage, SPLITS):
+            for what, source in self._read_sources(split):
+                if source.hub_id is not None:
+                    continue  # streamed: require_hub has checked that it can be reached
+                skipped = self._skips_before_a_usable_record(source.files, source.text_field)
+                if skipped is not None:
+                    files = source.files[0] if len(source.files) == 1 else (
+                        f"{len(source.files)} files under "
+                        f"{os.path.commonpath([os.path.dirname(f) for f in source.files])}")
+                    raise UnusableDataError(
+                        f"the {what} ({files}) hold no usable document: "
+                        f"{sources.describe_skips(skipped, source.text_field)}; check the files, and text_field (the "
+                        f"name of the records' text field, now {source.text_field!r})")
             source = self.split_source(split)
-            if source.hub_id is not None:
-                continue  # streamed: require_hub has checked that it can be reached
-            skipped = self._skips_before_a_usable_record(source.files)
-            if skipped is not None:
-                files = source.files[0] if len(source.files) == 1 else (
-                    f"{len(source.files)} files under {os.path.commonpath([os.path.dirname(f) for f in source.files])}")
-                raise UnusableDataError(
-                    f"the {split} data ({files}) hold no usable document: "
-                    f"{sources.describe_skips(skipped, self.text_field)}; check the files, and text_field (the "
-                    f"name of the records' text field, now {self.text_field!r})")
+            for part in source.parts if isinstance(source, MixtureSource) else ():
+                if part.synthetic:
+                    part.source.check_filler(self.seed)  # it holds prose (read up to its first sentence)
 
-    def _skips_before_a_usable_record(self, files) -> Counter | None:
+    def _read_sources(self, split: str) -> list[tuple[str, SplitSource]]:
+        """``(what, source)`` of the data ``split`` reads: the split itself, or each data source of a train mixture
+        and the filler of each synthetic one."""
+        source = self.split_source(split)
+        if not isinstance(source, MixtureSource):
+            return [(f"{split} data", source)]
+        out = []
+        for part in source.parts:
+            if part.synthetic:
+                out.append((f"filler of mixture source {part.name!r}", part.source.filler))
+            else:
+                out.append((f"train data of mixture source {part.name!r}", part.source))
+        return out
+
+    def _skips_before_a_usable_record(self, files, text_field: str) -> Counter | None:
         """None as soon as a record of ``files`` is usable; else the skip reasons of all their records, counted."""
         skipped = Counter()
         for path in files:
-            for _, reason in sources.file_records(path, self.text_field):
+            for _, reason in sources.file_records(path, text_field):
                 if reason is None:
                     return None
                 skipped[reason] += 1
         return skipped
 
-    def split_source(self, split: str) -> SplitSource:
-        """Resolve (once) where ``split`` comes from; fails fast for an unreachable hub id."""
+    def split_source(self, split: str) -> SplitSource | MixtureSource:
+        """Resolve (once) where ``split`` comes from (a ``MixtureSource`` for train with a ``mixture``); fails fast
+        for an unreachable hub id."""
         if split not in self._sources:
-            self._sources[split] = self._resolve(split)
+            mixed = split == "train" and self.mixture
+            self._sources[split] = self._resolve_mixture() if mixed else self._resolve(split)
         return self._sources[split]
 
-    def _resolve(self, split: str) -> SplitSource:
-        globs = self.split_globs[split]
-        if self.source == "offline":
+    def _resolve(self, split: str, source=..., globs=..., text_field: str | None = None,
+                 hub_split: str | None = None) -> SplitSource:
+        """Where ``split`` comes from: the module's ``source``/globs/``text_field``/hub split, or those given."""
+        source = self.source if source is ... else source
+        globs = self.split_globs[split] if globs is ... else globs
+        text_field = text_field or self.text_field
+        if source == "offline":
             base = str(offline_corpus_dir())
             files = sources.expand_files(globs, base) if globs else [os.path.join(base, f"{split}.jsonl")]
-            return SplitSource(files=tuple(files), text_field=self.text_field)
-        folder = os.path.expanduser(self.source) if self.source else None
+            return SplitSource(files=tuple(files), text_field=text_field)
+        folder = os.path.expanduser(source) if source else None
         if globs is not None or (folder and os.path.isdir(folder)):
             base = folder if folder and os.path.isdir(folder) else None
             files = sources.expand_files(globs, base) if globs is not None else self._find_split_files(base, split)
-            return SplitSource(files=tuple(files), text_field=self.text_field)
+            return SplitSource(files=tuple(files), text_field=text_field)
         if folder and (folder.startswith((".", "/", "~")) or os.path.exists(folder)):
-            raise FileNotFoundError(f"source folder {self.source!r} does not exist")
+            raise FileNotFoundError(f"source folder {source!r} does not exist")
         if not folder:  # no source: every split read needs its own globs
             option = _SPLIT_OPTIONS[split]
             raise FileNotFoundError(
                 f"no {split} data: source is null and {option} is not set; pass --data.init_args.{option}=<glob> "
                 f"(or a source: a local folder, 'offline' or a hub id)")
-        sources.require_hub(self.source, what="data set", local_hint=self._local_hint())
-        return SplitSource(hub_id=self.source, hub_split=self.hub_splits[split], text_field=self.text_field)
+        sources.require_hub(source, what="data set", local_hint=self._local_hint())
+        return SplitSource(hub_id=source, hub_split=hub_split or self.hub_splits[split], text_field=text_field)
+
+    def _resolve_mixture(self) -> MixtureSource:
+        """The train mixture's sources (``datamodules.mixture``), each resolved like the module's own train split; an
+        error names the mixture source's option."""
+        data: dict[str, SplitSource] = {}
+        for entry in self.mixture:
+            if entry.synthetic is None:
+                data[entry.name] = self._resolve_entry(entry)
+        parts = []
+        for entry in self.mixture:
+            if entry.synthetic is None:
+                parts.append(MixturePart(entry.name, entry.probability, data[entry.name], False))
+                continue
+            options = dict(entry.options)
+            filler_name = options.pop("filler")
+            filler = data[filler_name] if filler_name is not None else self._resolve_entry(entry, own=True)
+            synthetic = RetrievalSource(entry.name, filler, self.tokenizer, self.seq_len, **options)
+            parts.append(MixturePart(entry.name, entry.probability, synthetic, True))
+        return MixtureSource(parts, self.shuffle_block)
+
+    def _resolve_entry(self, entry: MixtureEntry, own: bool = False) -> SplitSource:
+        """The train split of a mixture's data entry (``own``: the module's own train split, for a filler)."""
+        given = {} if own else dict(entry.data)
+        try:
+            if "source" in given or "train_files" in given:
+                return self._resolve("train", given.get("source", self.source), given.get("train_files"),
+                                     given.get("text_field"), given.get("hub_split"))
+            return self._resolve("train", text_field=given.get("text_field"), hub_split=given.get("hub_split"))
+        except (FileNotFoundError, sources.HubUnavailableError) as error:
+            what = "the filler" if own else "the train data"
+            raise type(error)(f"mixture source {entry.name!r} (data option mixture.{entry.name}): {what}: "
+                              f"{error}") from None
 
     def _find_split_files(self, base: str, split: str) -> list[str]:
         for pattern in self.local_patterns[split]:
@@ -274,6 +344,10 @@ class TextDataModule(L.LightningDataModule):
 
     def train_dataloader(self, rank: int | None = None, world_size: int | None = None) -> DataLoader:
         """Endless packed train batches (B, T); resumes from ``load_state_dict``. rank/world: override DDP."""
+        source = self.split_source("train")
+        if isinstance(source, MixtureSource):
+            log.info("train mixture (probability of each document's source): %s; per-source counts in "
+                     "stats['train']['sources']", ", ".join(f"{p.name} {p.probability:.4g}" for p in source.parts))
         return self._loader("train", True, self.batch_size, None, rank, world_size)
 
     def val_dataloader(self, rank: int | None = None, world_size: int | None = None) -> DataLoader:
@@ -415,11 +489,14 @@ class TextDataModule(L.LightningDataModule):
         the tokenizer's JSON. Saved in checkpoints and compared on resume."""
         if self._fingerprint is None:
             source = self.split_source("train")
-            if source.hub_id is not None:
-                train = {"hub_id": source.hub_id, "hub_split": source.hub_split,
-                         "hub_data_files": list(source.hub_data_files) if source.hub_data_files else None}
+            if isinstance(source, MixtureSource):  # every source's data and probability, a generator's options
+                train = {"mixture": [
+                    {"name": part.name, "probability": part.probability,
+                     **({"synthetic": part.source.options(), "filler": _source_fingerprint(part.source.filler)}
+                        if part.synthetic else {"train": _source_fingerprint(part.source)})}
+                    for part in source.parts]}
             else:
-                train = _files_fingerprint(source.files)
+                train = _source_fingerprint(source)
             tokenizer = hashlib.sha256(self.tokenizer.to_str().encode("utf-8")).hexdigest()[:16]
             self._fingerprint = {"train": train, "text_field": self.text_field, "tokenizer_sha256": tokenizer}
         return self._fingerprint
@@ -491,6 +568,13 @@ class TextDataModule(L.LightningDataModule):
                     return
 
 
+def _source_fingerprint(source: SplitSource) -> dict:
+    if source.hub_id is not None:
+        return {"hub_id": source.hub_id, "hub_split": source.hub_split,
+                "hub_data_files": list(source.hub_data_files) if source.hub_data_files else None}
+    return _files_fingerprint(source.files)
+
+
 def _files_fingerprint(files) -> dict:
     folder = os.path.commonpath([os.path.dirname(os.path.abspath(f)) for f in files]) if files else ""
     entries = [[os.path.relpath(os.path.abspath(f), folder), os.path.getsize(f)] for f in files]
@@ -510,6 +594,38 @@ def _data_differences(saved: dict, current: dict, tokenizer_source: str | None) 
     old, new = saved.get("train") or {}, current["train"]
     if old == new:
         return changes
+    if "mixture" in old or "mixture" in new:
+        return changes + _mixture_differences(old, new)
+    return changes + _train_differences(old, new)
+
+
+def _mixture_differences(old: dict, new: dict) -> list[str]:
+    """Readable differences between the train fingerprints of two mixtures (or a mixture and a single source)."""
+    if "mixture" not in old or "mixture" not in new:
+        return [f"train data {'a single source' if 'mixture' not in old else 'a mixture'} -> "
+                f"{'a single source' if 'mixture' not in new else 'a mixture'}"]
+    a, b = ({part["name"]: part for part in fp["mixture"]} for fp in (old, new))
+    changes = []
+    if list(a) != list(b):
+        changes.append(f"mixture sources {list(a)} -> {list(b)}")
+    for name in (n for n in a if n in b):
+        before, after = a[name], b[name]
+        if before["probability"] != after["probability"]:
+            changes.append(f"mixture.{name} probability {before['probability']:g} -> {after['probability']:g}")
+        if before.get("synthetic") != after.get("synthetic"):
+            changes.append(f"mixture.{name} generator {before.get('synthetic')} -> {after.get('synthetic')}")
+        for key in ("train", "filler"):
+            if before.get(key) != after.get(key):
+                changes += [f"mixture.{name} {key}: {change}"
+                            for change in _train_differences(before.get(key) or {}, after.get(key) or {})]
+    return changes
+
+
+def _train_differences(old: dict, new: dict) -> list[str]:
+    """Readable differences between the fingerprints of two single train sources (``_source_fingerprint``)."""
+    changes = []
+    if old == new:
+        return changes
     if "hub_id" in old or "hub_id" in new:
         def where(fp):
             if "hub_id" in fp:
@@ -526,8 +642,8 @@ def _data_differences(saved: dict, current: dict, tokenizer_source: str | None) 
             ("added", sorted(b.keys() - a.keys())), ("removed", sorted(a.keys() - b.keys())),
             ("size changed", sorted(n for n in a.keys() & b.keys() if a[n] != b[n]))) if names]
         detail = f" ({'; '.join(parts)})" if parts else ""
-    changes.append(f"train files {old.get('count')} files / {old.get('bytes')} bytes -> {new['count']} files / "
-                   f"{new['bytes']} bytes{detail}")
+    changes.append(f"train files {old.get('count')} files / {old.get('bytes')} bytes -> {new.get('count')} files / "
+                   f"{new.get('bytes')} bytes{detail}")
     return changes
 
 

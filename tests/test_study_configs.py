@@ -14,7 +14,8 @@ from _corpus import write_slimpajama_layout
 from train import main
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-STUDY = sorted((REPO / "configs" / "study").glob("*.yaml"))
+# the three arms; the retrieval arm's configs (retrieval_*.yaml, issue #43) are tested in tests/test_mixture_configs.py
+STUDY = sorted(p for p in (REPO / "configs" / "study").glob("*.yaml") if not p.stem.startswith("retrieval_"))
 PARAMETERS_110M = {"fpa": 109_862_208, "fox": 109_640_592, "sdpa": 109_529_856}  # as in tests/test_configs.py
 
 

@@ -58,6 +58,14 @@ class Probe:
         """The labels of one sequence from its tokens alone: a plain loop over the definition (for tests)."""
         raise NotImplementedError
 
+    def label_mask(self, tokens: torch.Tensor) -> torch.Tensor | None:
+        """(N, T) tokens -> (N, T) bool: the label-determining part of each sequence, the positions whose tokens can
+        change its label (for ``ladder``: the dip and the surviving pushes; the dead pushes' colours cannot). Two
+        sequences with the same tokens at these positions (and at no others) have the same label. ``None`` (the
+        default): not defined for this probe, whose labels depend on the whole sequence as far as we define it
+        (``train.split_keys``: the held-out split "label" needs it)."""
+        return None
+
     # --- shared -----------------------------------------------------------------------------------------------
     @property
     def params(self) -> dict:

@@ -128,6 +128,11 @@ class DipDepth(Probe):
         tokens = [BOS] + [self.N] * (self.length - 1 - len(body)) + body
         return tokens, [IGNORE] * (len(tokens) - 1) + [label]
 
+    def label_mask(self, tokens):
+        """The walk from M to Q: the depth is measured from M's height, so the prefix before M (and the padding)
+        cannot change the label."""
+        return (tokens == self.M).cumsum(dim=1) > 0
+
     def walk(self, tokens: list[int]) -> tuple[list[int], int]:
         """The walk's height at every position (U climbs, D steps down, every other token stays) and M's position."""
         heights, height = [], 0

@@ -76,6 +76,13 @@ class Ladder(Probe):
             return "push", (token - 1) % 2
         return ("dip", token - 2 * self.r) if token > 2 * self.r else None
 
+    def label_mask(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The dip and the surviving pushes (rungs 1..r−k at positions 1..r−k): the dead rungs' colours cannot change
+        the label."""
+        depth = tokens[:, -1:] - self.dip(0)  # (N, 1): k, from the dip token (dip(k) = dip(0) + k)
+        position = torch.arange(tokens.shape[1])[None, :]
+        return ((position >= 1) & (position <= self.r - depth)) | (position == tokens.shape[1] - 1)
+
     def reference_labels(self, tokens: list[int]) -> list[int]:
         """Walk form: a push climbs one step and writes a key at the new height; D_k puts the field k below the walk;
         a key survives while no later field value is below its height."""
@@ -192,6 +199,16 @@ class MultiDipLadder(UnnamedLadder):
             fields.append(walk - value if kind == "dip" else walk)
         return [min(fields[pos + 1:]) >= level for pos, level in keys]
 
+    def label_mask(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Every dip and the pushes alive at the last token: the dead pushes' colours cannot change the label (the
+        dips fix which positions hold pushes, and so which pushes are alive)."""
+        mask = torch.zeros(tokens.shape, dtype=torch.bool)
+        for i, row in enumerate(tokens.tolist()):
+            pushes = [pos for pos, t in enumerate(row) if (self.read(t) or ("",))[0] == "push"]
+            alive = set(pos for pos, keep in zip(pushes, self.alive(row)) if keep)
+            mask[i] = torch.tensor([(self.read(t) or ("",))[0] == "dip" or pos in alive for pos, t in enumerate(row)])
+        return mask
+
     def support_size(self) -> tuple[int, int]:
         """How many distinct sequences the generator can produce, per class (label 0, label 1): every layout and
         depth it can draw, times the colourings (counted, not listed) that give each label."""
@@ -231,7 +248,7 @@ class DipDuration(Probe):
     order: str = "any"
     """Why "any": with D_k always first, a dip-sum head could make its walk climb after every dip token, so that the
     second step never reaches below the marked key and the sum of dips is the first (deepest) one (docs/probes.md,
-    investigation 4: our reading, not inspected)."""
+    "The probes": our reading, not inspected)."""
 
     name = "dip_duration"
     family = "ladder"
@@ -275,6 +292,17 @@ class DipDuration(Probe):
             steps = torch.where(_balanced_bits(n, gen)[:, None], steps.flip(1), steps)
         tokens = torch.cat([torch.full((n, 1), BOS), pushes, steps, torch.full((n, 1), self.QUERY)], dim=1)
         return ProbeBatch(tokens, scored_at_end(tokens, label))
+
+    def label_mask(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The marked push and the dip's deepest step (both steps where they are equally deep): the label is a
+        function of the marked rung j and the deepest depth k alone, so the other pushes (all P) and a shallower
+        step cannot change it."""
+        steps = tokens[:, self.r + 1:self.r + 3]  # (N, 2): the two steps of the dip
+        depth = torch.where(steps >= self.FIRST_DIP, steps - self.FIRST_DIP + 1, 0)
+        deepest = depth == depth.max(dim=1, keepdim=True).values
+        mask = tokens == self.MARK
+        mask[:, self.r + 1:self.r + 3] = deepest
+        return mask
 
     def reference_labels(self, tokens: list[int]) -> list[int]:
         walk, fields, mark = 0, [], None

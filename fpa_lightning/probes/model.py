@@ -6,7 +6,8 @@ residual connections → a linear readout of the attention outputs (plus the tok
 so). By default no MLP, no normalisation and no position embedding: whatever the probe needs must be done by attention
 and its bias. A ``Shape`` can add each of them for the rows that need them: a learned absolute position embedding
 gives the backends without a positional code (NoPE, FoX, ALiBi) a way to locate positions, so that a capacity row's
-control can pass; MLP and normalisation give MQAR the paper's regime (a full transformer block).
+control can pass; MLP and normalisation give MQAR the paper's regime (a full transformer block). A ``Variant`` may
+build layer 1 otherwise than the rest (``Variant.first_layer``): FPA without its layer-1 bias but with RoPE there.
 """
 from __future__ import annotations
 
@@ -34,6 +35,9 @@ class Variant:
     """False: "without content retrieval", the paper's third find_name ablation trained as such: every layer's query
     projection is held at zero through training (``SeedEnsemble.zero_queries``), so q·k = 0 and each head's scores
     are its bias alone."""
+    first_layer: dict | None = None
+    """Where set, layer 1 (index 0) is built from these ``AttentionConfig`` options instead of the variant's own,
+    e.g. ``{"backend": "sdpa"}``: plain softmax with RoPE in layer 1 under FPA layers (multi-layer rows only)."""
 
     def attention(self, layers: int, dcp_dim: int, impl: str = "naive") -> AttentionConfig:
         """The ``AttentionConfig`` of this variant for a model of `layers` layers. Probes run the naive
@@ -48,6 +52,17 @@ class Variant:
             options.setdefault("dcp_dim", dcp_dim)
         return AttentionConfig(backend=self.backend, impl=impl, **options)
 
+    def first_layer_attention(self, layers: int, dcp_dim: int, impl: str = "naive") -> AttentionConfig | None:
+        """The ``AttentionConfig`` of layer 1 where the variant builds it otherwise (``first_layer``), else None."""
+        if self.first_layer is None:
+            return None
+        if layers < 2:
+            raise ValueError("a variant with its own layer 1 needs at least 2 layers")
+        options = {"impl": impl, **self.first_layer}
+        if options.get("backend", self.backend) == "dcp":
+            options.setdefault("dcp_dim", dcp_dim)
+        return AttentionConfig(**{"backend": self.backend, **options})
+
 
 VARIANTS: dict[str, Variant] = {
     "fpa": Variant("fpa", {}, "FPA, general form (φ = W + g, ψ = W + h), path minimum, key level"),
@@ -57,6 +72,14 @@ VARIANTS: dict[str, Variant] = {
     "fpa_querylevel": Variant("fpa", {"fpa_level": "query"}, "FPA ablation: the query's level ψ_t instead of ψ_s"),
     "fpa_nobias1": Variant("fpa", {}, "FPA without a bias in layer 1 (softmax there, no positional encoding)",
                            no_first_layer_bias=True),
+    # the same ablation with a positional signal in layer 1: FPA's layer-1 bias is what locates the previous token
+    # (its walk), so removing it leaves fpa_nobias1's layer 1 with no position at all; here layer 1 is softmax with
+    # RoPE, and sdpa_rope1 is the all-softmax model with the same layer 1 (its later layers softmax without
+    # positions, as FPA's later layers have none but their bias)
+    "fpa_nobias1_rope": Variant("fpa", {}, "FPA without a bias in layer 1, which is softmax with RoPE (the later "
+                                "layers FPA)", first_layer={"backend": "sdpa"}),
+    "sdpa_rope1": Variant("nope", {}, "softmax with RoPE in layer 1 and without positional encoding in the later "
+                          "layers (fpa_nobias1_rope without the later layers' bias)", first_layer={"backend": "sdpa"}),
     "fpa_noretrieval": Variant("fpa", {}, "FPA ablation: no content retrieval (query projections held at zero: "
                                "scores are the bias alone)", content_retrieval=False),
     "fox": Variant("fox", {}, "FoX: forgetting attention (token-wise forget gate), no positional encoding"),
@@ -122,13 +145,16 @@ class ProbeModel(nn.Module):
     """tokens (B, T) -> class logits (B, T, K). See the module docstring."""
 
     def __init__(self, vocab_size: int, n_classes: int, shape: Shape, attention: AttentionConfig,
-                 reads_token: bool = False):
+                 reads_token: bool = False, first_attention: AttentionConfig | None = None):
+        """first_attention: layer 1's config where it differs from `attention` (``Variant.first_layer``)."""
         super().__init__()
         self.reads_token = reads_token
-        layer_shape = _LayerShape(shape.width, shape.heads, shape.head_dim, attention)
+        configs = [first_attention or attention, *[attention] * (shape.layers - 1)]
         self.embed = nn.Embedding(vocab_size, shape.width)  # N(0, 1)
         self.position = nn.Embedding(shape.positions, shape.width) if shape.positions else None
-        self.layers = nn.ModuleList(CausalSelfAttention(layer_shape, i) for i in range(shape.layers))
+        self.layers = nn.ModuleList(
+            CausalSelfAttention(_LayerShape(shape.width, shape.heads, shape.head_dim, config), i)
+            for i, config in enumerate(configs))
         self.mlps = nn.ModuleList(nn.Sequential(nn.Linear(shape.width, shape.mlp), nn.GELU(),
                                                 nn.Linear(shape.mlp, shape.width)) for _ in range(shape.layers)) \
             if shape.mlp else None

@@ -5,7 +5,7 @@ head also solves ``unnamed_ladder``, whose pushes name only their colour: the wa
 
 A softmax head of width 2 whose scores are a linear threshold over the rungs (``linear_threshold_head``) does not
 solve ``ladder``: linear scores weigh the survivors geometrically where a majority needs equal weights
-(docs/probes.md, "Where we differ", investigation 5).
+(docs/probes.md, "Hand-built heads and bounds").
 
 And a bound for the other side (``best_accuracy_from``, ``position_blind_features``): a one-layer softmax head
 without positions sees the dip's keys as a multiset, so on ``unnamed_ladder`` its answer can depend only on the dip

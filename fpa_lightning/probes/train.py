@@ -27,6 +27,19 @@ part, which need not hold every class (``dip_duration(duration=fixed)``: 28 of i
 a row records how many distinct sequences its held-out set has (``RowRun.held_out_distinct``), and such probes need
 a larger space rather than a larger share. A quarter rather than less: the held-out part of a small space is then
 as large as it can be while training keeps most of the space (``ladder(r=10)``: about 2300 of 9216 sequences).
+
+**Three knobs of the split** (``Budget``; each recorded in a row's budget only where it is not its default, so the
+committed rows keep their identity):
+- ``split="label"``: the hash is taken of each sequence's *label-determining part* (``Probe.label_mask``: for
+  ``ladder`` the dip and the surviving pushes, for ``dip_depth`` the walk from M on) instead of the whole sequence, so
+  no held-out sequence shares its label-determining part with a training sequence. Under the default split
+  (``"sequence"``) the held-out sequences are new, but their label-determining part often is not: the dead pushes or
+  the walk before M differ, and the part that decides the label was trained on. Defined for the probes that
+  implement ``label_mask``; ``split_keys`` raises for the others;
+- ``data_seed``: another replicate of the data: other generator seeds for the pool and the held-out set (``data_seeds``;
+  0 is the committed pair 1, 2);
+- ``salt``: another split of the same space: the hash is keyed with the salt (blake2b's key; "" is the unkeyed hash
+  of the committed rows), so a different salt puts a different quarter of the space in the held-out part.
 """
 from __future__ import annotations
 
@@ -35,7 +48,7 @@ import math
 import time
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -44,6 +57,10 @@ from fpa_lightning.probes.base import IGNORE, Probe, ProbeBatch
 from fpa_lightning.probes.model import ProbeModel, SeedEnsemble, Shape, Variant
 
 POOL_SEED, TEST_SEED = 1, 2
+SPLITS = ("sequence", "label")
+"""What the held-out split hashes: the whole sequence, or its label-determining part (module docstring)."""
+MAX_SALT_BYTES = 64
+"""blake2b's longest key."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +81,12 @@ class Budget:
     holdout: int = 4
     """One sequence in `holdout` of the probe's sequence space is held out: never in the pool, the only kind in the
     held-out set (``in_held_out``; the module docstring says why)."""
+    split: str = "sequence"
+    """What the split hashes: "sequence" (the whole sequence) or "label" (its label-determining part)."""
+    data_seed: int = 0
+    """The data replicate: 0 draws the pool and the held-out set from generator seeds 1 and 2 (``data_seeds``)."""
+    salt: str = ""
+    """The key of the split's hash ("" : unkeyed, the committed split)."""
 
     def __post_init__(self):
         if self.steps < 1 or self.batch < 1 or self.pool < 1 or self.test < 1:
@@ -74,6 +97,27 @@ class Budget:
         if not (self.lr > 0 and 0 <= self.warmup < 1 and self.weight_decay >= 0):
             raise ValueError(f"probe budget: lr must be positive, warmup in [0, 1) and weight_decay non-negative, "
                              f"got {self.lr}, {self.warmup}, {self.weight_decay}")
+        if self.split not in SPLITS:
+            raise ValueError(f"probe budget: split must be one of {SPLITS}, got {self.split!r}")
+        if self.data_seed < 0:
+            raise ValueError(f"probe budget: data_seed must be non-negative, got {self.data_seed}")
+        if len(self.salt.encode()) > MAX_SALT_BYTES:
+            raise ValueError(f"probe budget: salt must be at most {MAX_SALT_BYTES} bytes, "
+                             f"got {len(self.salt.encode())}")
+
+    def record(self) -> dict:
+        """The budget as a row records it: every field, but the split's knobs (split, data_seed, salt) only where
+        they differ from their defaults, so rows recorded before the knobs existed keep their identity."""
+        record = asdict(self)
+        for name in ("split", "data_seed", "salt"):
+            if record[name] == getattr(Budget, name):
+                del record[name]
+        return record
+
+    @property
+    def data(self) -> dict:
+        """The keyword arguments of ``draw_part``, ``held_out_set`` and ``training_pool`` that this budget sets."""
+        return {"holdout": self.holdout, "split": self.split, "data_seed": self.data_seed, "salt": self.salt}
 
     def lr_factor(self, step: int) -> float:
         """One-cycle: linear warm-up, then linear decay to 0."""
@@ -90,52 +134,115 @@ class RowRun:
     seconds: float
     held_out_distinct: int = 0
     """How many distinct sequences the held-out set holds (fewer than its size where the probe's space is small)."""
+    held_out_parts: int | None = None
+    """How many distinct label-determining parts it holds (None where the probe defines none, ``Probe.label_mask``)."""
+    part_overlap: float | None = None
+    """The share of held-out sequences whose label-determining part also occurs in the pool (0 under
+    ``split="label"``; None where the probe defines none)."""
+    loss_curve: list[list[float]] = field(default_factory=list)
+    """Per seed, the training loss averaged over each of ``CURVE_WINDOWS`` equal windows of the steps: whether a
+    budget is long enough (a seed still falling at the end, or stuck where it started)."""
     ensemble: SeedEnsemble | None = field(default=None, repr=False)
     """The trained seeds, for analyses after training (not part of a row's record)."""
+
+
+CURVE_WINDOWS = 20
 
 
 def seeded(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-def in_held_out(tokens: torch.Tensor, holdout: int) -> torch.Tensor:
+def data_seeds(data_seed: int = 0) -> tuple[int, int]:
+    """The generator seeds of a row's pool and held-out set for data replicate `data_seed` (0: 1 and 2, the
+    committed rows')."""
+    return POOL_SEED + 2 * data_seed, TEST_SEED + 2 * data_seed
+
+
+def in_held_out(tokens: torch.Tensor, holdout: int, salt: str = "") -> torch.Tensor:
     """(N, T) token rows -> (N,) bool: whether each sequence lies in the held-out part of the sequence space, one
-    sequence in `holdout`. A function of the tokens alone (blake2b of the row as int64), the same on every machine."""
+    sequence in `holdout`. A function of the tokens alone (blake2b of the row as int64, keyed with `salt`; the empty
+    salt is the unkeyed hash), the same on every machine."""
     rows = tokens.detach().to("cpu", torch.int64).contiguous().numpy()
-    digests = [int.from_bytes(hashlib.blake2b(row.tobytes(), digest_size=8).digest(), "little") for row in rows]
+    key = salt.encode()
+    digests = [int.from_bytes(hashlib.blake2b(row.tobytes(), digest_size=8, key=key).digest(), "little")
+               for row in rows]
     return torch.tensor([d % holdout == 0 for d in digests], dtype=torch.bool)
+
+
+def split_keys(probe: Probe, tokens: torch.Tensor, split: str = "sequence") -> torch.Tensor:
+    """What the held-out split hashes for each sequence: the tokens themselves ("sequence"), or their
+    label-determining part ("label": the tokens outside ``Probe.label_mask`` replaced by −1)."""
+    if split == "sequence":
+        return tokens
+    if split != "label":
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    mask = probe.label_mask(tokens)
+    if mask is None:
+        raise ValueError(f"{probe.key}: no label-determining part is defined (Probe.label_mask), so it has no "
+                         f"label-disjoint split")
+    return tokens.masked_fill(~mask, -1)
+
+
+def has_label_split(probe: Probe) -> bool:
+    """Whether `probe` defines its label-determining part (and so the split "label")."""
+    return probe.label_mask(probe.sample(1, seeded(0)).tokens) is not None
+
+
+def label_parts(probe: Probe, tokens: torch.Tensor) -> set[tuple[int, ...]] | None:
+    """The distinct label-determining parts of these sequences, or None where the probe defines none."""
+    mask = probe.label_mask(tokens)
+    return None if mask is None else set(map(tuple, tokens.masked_fill(~mask, -1).tolist()))
+
+
+def part_overlap(probe: Probe, pool: ProbeBatch, test: ProbeBatch) -> tuple[int, float] | tuple[None, None]:
+    """(distinct label-determining parts of the held-out set, the share of held-out sequences whose part also
+    occurs in the pool), or (None, None) where the probe defines none."""
+    in_pool = label_parts(probe, pool.tokens)
+    if in_pool is None:
+        return None, None
+    mask = probe.label_mask(test.tokens)
+    parts = list(map(tuple, test.tokens.masked_fill(~mask, -1).tolist()))
+    return len(set(parts)), sum(p in in_pool for p in parts) / max(len(parts), 1)
 
 
 MAX_DRAW_ROUNDS = 50
 
 
-def draw_part(probe: Probe, n: int, seed: int, holdout: int, held_out: bool) -> ProbeBatch:
+def draw_part(probe: Probe, n: int, seed: int, holdout: int, held_out: bool, split: str = "sequence",
+              salt: str = "") -> ProbeBatch:
     """n sequences of `probe` drawn with generator `seed`, keeping only those of one part of the space (the held-out
-    part if `held_out`, else the training part), in the order drawn. Raises if the part seems to be empty."""
+    part if `held_out`, else the training part), in the order drawn. The part is decided by the hash of the whole
+    sequence or of its label-determining part (`split`, ``split_keys``), keyed with `salt`. Raises if the part seems
+    to be empty."""
     gen, kept, have = seeded(seed), [], 0
     share = 1 / holdout if held_out else 1 - 1 / holdout
     for _ in range(MAX_DRAW_ROUNDS):
         if have >= n:
             break
         batch = probe.sample(math.ceil((n - have) / share * 1.1) + 16, gen)  # about what the rest needs
-        keep = in_held_out(batch.tokens, holdout) == held_out
+        keep = in_held_out(split_keys(probe, batch.tokens, split), holdout, salt) == held_out
         kept.append(ProbeBatch(batch.tokens[keep], batch.labels[keep]))
         have += int(keep.sum())
     if have < n:
         raise RuntimeError(f"{probe.key}: only {have} of {n} sequences drawn in {MAX_DRAW_ROUNDS} rounds fall in the "
                            f"{'held-out' if held_out else 'training'} part of its sequence space (one in {holdout} "
-                           f"is held out): the space is too small for this split")
+                           f"is held out, split by {split}): the space is too small for this split")
     return ProbeBatch(torch.cat([b.tokens for b in kept])[:n], torch.cat([b.labels for b in kept])[:n])
 
 
-def held_out_set(probe: Probe, n: int, holdout: int = Budget.holdout) -> ProbeBatch:
-    """The held-out set of a row: n sequences of the held-out part, drawn from generator ``TEST_SEED``."""
-    return draw_part(probe, n, TEST_SEED, holdout, held_out=True)
+def held_out_set(probe: Probe, n: int, holdout: int = Budget.holdout, split: str = "sequence", data_seed: int = 0,
+                 salt: str = "") -> ProbeBatch:
+    """The held-out set of a row: n sequences of the held-out part, drawn from generator ``TEST_SEED`` (data
+    replicate 0; ``data_seeds``)."""
+    return draw_part(probe, n, data_seeds(data_seed)[1], holdout, held_out=True, split=split, salt=salt)
 
 
-def training_pool(probe: Probe, n: int, holdout: int = Budget.holdout) -> ProbeBatch:
-    """The training pool of a row: n sequences of the training part, drawn from generator ``POOL_SEED``."""
-    return draw_part(probe, n, POOL_SEED, holdout, held_out=False)
+def training_pool(probe: Probe, n: int, holdout: int = Budget.holdout, split: str = "sequence", data_seed: int = 0,
+                  salt: str = "") -> ProbeBatch:
+    """The training pool of a row: n sequences of the training part, drawn from generator ``POOL_SEED`` (data
+    replicate 0; ``data_seeds``)."""
+    return draw_part(probe, n, data_seeds(data_seed)[0], holdout, held_out=False, split=split, salt=salt)
 
 
 def check_test_probe(probe: Probe, test_probe: Probe) -> None:
@@ -148,16 +255,18 @@ def check_test_probe(probe: Probe, test_probe: Probe) -> None:
 def row_data(probe: Probe, budget: Budget, test_probe: Probe | None = None) -> tuple[ProbeBatch, ProbeBatch]:
     """A row's (pool, held-out set): min(pool, steps × batch) training sequences of `probe` and ``budget.test``
     held-out ones, of `test_probe` where given (a group trained at one setting and tested at another), else of
-    `probe`. Disjoint by construction (module docstring)."""
+    `probe`. Disjoint by construction (module docstring), on the whole sequences or, with ``budget.split`` =
+    "label", on their label-determining parts."""
     if test_probe is not None:
         check_test_probe(probe, test_probe)
-    pool = training_pool(probe, min(budget.pool, budget.steps * budget.batch), budget.holdout)
-    return pool, held_out_set(test_probe or probe, budget.test, budget.holdout)
+    pool = training_pool(probe, min(budget.pool, budget.steps * budget.batch), **budget.data)
+    return pool, held_out_set(test_probe or probe, budget.test, **budget.data)
 
 
 def make_model(probe: Probe, variant: Variant, shape: Shape, impl: str = "naive") -> ProbeModel:
     attention = variant.attention(shape.layers, dcp_dim=shape.head_dim, impl=impl)
-    return ProbeModel(probe.vocab_size, probe.n_classes, shape, attention, probe.reads_token)
+    first = variant.first_layer_attention(shape.layers, dcp_dim=shape.head_dim, impl=impl)
+    return ProbeModel(probe.vocab_size, probe.n_classes, shape, attention, probe.reads_token, first_attention=first)
 
 
 def runs_under_vmap(model: ProbeModel, device: torch.device) -> bool:
@@ -234,6 +343,7 @@ def train_row(probe: Probe, variant: Variant, shape: Shape, seeds: list[int], bu
     FPA kernel does), and otherwise one after another within each step."""
     started = time.time()
     pool, test = row_data(probe, budget, test_probe)
+    parts, overlap = part_overlap(test_probe or probe, pool, test)
     pool, test = pool.to(device), test.to(device)
     pool_size = pool.tokens.shape[0]
     ensemble, optimizer = make_trainee(probe, variant, shape, seeds, budget, device, impl)
@@ -241,13 +351,27 @@ def train_row(probe: Probe, variant: Variant, shape: Shape, seeds: list[int], bu
     pickers = minibatch_pickers(probe, seeds)
     tail = max(1, budget.steps // 20)
     recent = torch.zeros(len(seeds), device=device)
+    windows = curve_windows(budget.steps)
+    window_of = [i for i, (start, end) in enumerate(windows) for _ in range(start, end)]  # step -> its window
+    curve = torch.zeros(len(windows), len(seeds), device=device)
     for step in range(budget.steps):
         index = draw_minibatches(pickers, pool_size, budget.batch, device)
         loss = train_step(ensemble, optimizer, pool.tokens[index], pool.labels[index], variant)  # (E,)
         schedule.step()
+        curve[window_of[step]] += loss.detach()
         if step >= budget.steps - tail:
             recent += loss.detach()
         if progress is not None and ((step + 1) % 50 == 0 or step == budget.steps - 1):
             progress(step + 1, float(loss.detach().mean()))
+    sizes = torch.tensor([b - a for a, b in windows], dtype=curve.dtype, device=device)[:, None]
     return RowRun(accuracy(ensemble, test), (recent / tail).tolist(), time.time() - started,
-                  held_out_distinct=len(torch.unique(test.tokens, dim=0)), ensemble=ensemble)
+                  held_out_distinct=len(torch.unique(test.tokens, dim=0)), held_out_parts=parts,
+                  part_overlap=overlap, loss_curve=(curve / sizes).T.tolist(), ensemble=ensemble)
+
+
+def curve_windows(steps: int, windows: int = CURVE_WINDOWS) -> list[tuple[int, int]]:
+    """The [start, end) step ranges of a loss curve's windows: `windows` near-equal ranges (fewer for fewer
+    steps)."""
+    n = min(windows, steps)
+    bounds = [round(i * steps / n) for i in range(n + 1)]
+    return list(zip(bounds, bounds[1:]))

@@ -7,6 +7,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+import torch
+
 from fpa_lightning.probes.base import BOS, IGNORE, Probe, ProbeBatch, sample_each
 
 
@@ -48,6 +50,20 @@ class PushPop(Probe):
         if not stack:
             return None
         return [*tokens, self.QUERY], [IGNORE] * len(tokens) + [int(2 * sum(stack) > len(stack))]
+
+    def label_mask(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Every POP and the pushes still on the stack at Q: a popped push's colour cannot change the label (the POPs
+        fix which positions hold pushes, and so which pushes are popped)."""
+        mask = tokens == self.POP
+        for i, row in enumerate(tokens.tolist()):
+            stack = []
+            for pos, t in enumerate(row):
+                if t in (self.PUSH0, self.PUSH1):
+                    stack.append(pos)
+                elif t == self.POP:
+                    stack.pop()
+            mask[i, stack] = True
+        return mask
 
     def reference_labels(self, tokens: list[int]) -> list[int]:
         """Walk form: a push climbs one step and writes a key at the new height, POP steps down; a key is on the
@@ -102,6 +118,11 @@ class TwoFamilies(Probe):
         label = int(lowest[0] >= 0) + 2 * int(lowest[1] >= 0)
         tokens = [BOS, *steps[:before], self.MARK, *steps[before:], self.QUERY]
         return tokens, [IGNORE] * (len(tokens) - 1) + [label]
+
+    def label_mask(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The walks from M to Q: aliveness is measured from the heights at M, so the steps before M cannot change
+        the label."""
+        return (tokens == self.MARK).cumsum(dim=1) > 0
 
     def reference_labels(self, tokens: list[int]) -> list[int]:
         walks, mark_heights, alive = [0, 0], None, [True, True]

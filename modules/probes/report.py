@@ -28,9 +28,13 @@ def _p(value: float) -> str:
 
 
 def training(budget: dict) -> str:
-    """A budget in a few words: steps, learning rate and (when used) weight decay."""
+    """A budget in a few words: steps, learning rate and (when used) weight decay, and the held-out split's knobs
+    where they are not their defaults (``Budget.record``)."""
     decay = budget.get("weight_decay", 0.0)
-    return f"{budget['steps']} steps, lr {budget['lr']:g}" + (f", wd {decay:g}" if decay else "")
+    extras = [f"wd {decay:g}" if decay else "", f"{budget['split']} split" if "split" in budget else "",
+              f"data seed {budget['data_seed']}" if "data_seed" in budget else "",
+              f"salt {budget['salt']!r}" if "salt" in budget else ""]
+    return ", ".join([f"{budget['steps']} steps, lr {budget['lr']:g}", *filter(None, extras)])
 
 
 def is_control(row: dict) -> bool:
@@ -95,20 +99,48 @@ def markdown_table(rows: list[dict], comparisons: list[dict]) -> str:
 
 
 def comparison_table(comparisons: list[dict], rows: list[dict] | None = None) -> str:
-    """Every FPA comparison. With `rows`, a comparison whose other row is not a capacity result (module docstring)
-    is flagged in the last column: its p-value says nothing about capacity."""
+    """Every FPA comparison. Where the comparisons carry Holm-adjusted p-values (``runner.comparisons``; results
+    recorded before it have none), a column gives the tested direction's adjusted value beside the raw ones. With
+    `rows`, a comparison whose other row is not a capacity result (module docstring) is flagged in the last column:
+    its p-value says nothing about capacity."""
+    adjusted = bool(comparisons) and all("p_holm" in c for c in comparisons)
     lines = ["| group | training | FPA vs | only FPA succeeds | only the other succeeds | p (FPA better) "
-             "| p (other better) |" + (" capacity result |" if rows is not None else ""),
-             "|---|---|---|---|---|---|---|" + ("---|" if rows is not None else "")]
+             "| p (other better) |" + (" Holm, tested direction |" if adjusted else "")
+             + (" capacity result |" if rows is not None else ""),
+             "|---|---|---|---|---|---|---|" + ("---|" if adjusted else "") + ("---|" if rows is not None else "")]
     for c in comparisons:
         line = (f"| {c['group']} | {training(c['budget'])} | {c['b']} | {c['a_only']} | {c['b_only']} "
                 f"| {_p(c['p_value'])} | {_p(c['p_value_reverse'])} |")
+        if adjusted:
+            line += f" {_p(c['p_holm'])} ({'FPA' if c['tested'] == 'a' else 'other'} better) |"
         if rows is not None:
             other = next((r for r in rows if r["group"] == c["group"] and r["backend"] == c["b"]
                           and r["budget"] == c["budget"]), None)
             note = capacity_note(other, rows, c["a"]) if other is not None else ""
             line += f" {note if 'not a capacity result' in note else 'yes' if note else ''} |"
         lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def curve_table(rows: list[dict], still: float = 0.1) -> str:
+    """The rows that recorded loss curves (``RowRun.loss_curve``): the seeds' mean training loss at a quarter, half,
+    three quarters and the end of the steps, and how many seeds are still falling at the end (their loss in the
+    last window more than `still` below the window a quarter of the steps before it) or never left the start
+    (the last window within `still` of the first): a budget is long enough for a row when no seed is still
+    falling. Empty where no row has curves."""
+    with_curves = [r for r in rows if r.get("loss_curve")]
+    if not with_curves:
+        return ""
+    lines = ["| group | backend | training | mean loss at 25 % | 50 % | 75 % | 100 % | seeds still falling "
+             "| seeds that never left the start |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in with_curves:
+        curves, n = r["loss_curve"], len(r["loss_curve"][0])
+        at = [sum(c[min(n - 1, round(f * n) - 1)] for c in curves) / len(curves) for f in (0.25, 0.5, 0.75, 1.0)]
+        back = max(0, n - 1 - max(1, n // 4))
+        falling = sum(c[-1] < (1 - still) * c[back] for c in curves)
+        stuck = sum(c[-1] > (1 - still) * c[0] for c in curves)
+        lines.append(f"| {r['group']} | {r['backend']} | {training(r['budget'])} | "
+                     + " | ".join(f"{x:.3g}" for x in at) + f" | {falling}/{len(curves)} | {stuck}/{len(curves)} |")
     return "\n".join(lines) + "\n"
 
 

@@ -6,8 +6,13 @@ not retrained, so a table can be filled in over several runs and machines. A row
 (``eval.py --seed A --seeds N`` in separate runs): earlier rows that differ only in their seeds and together cover
 the row's seeds exactly are joined into it, and a row they cover in part trains only the seeds they lack
 (``earlier_parts``); an interrupted run keeps each finished seed chunk of a split row in the same form. The budget
-includes the held-out split (``Budget.holdout``), so rows trained before the held-out set was made disjoint from
-the pool are never reused.
+includes the held-out split (``Budget.holdout``, and ``split``, ``data_seed`` and ``salt`` where they are not their
+defaults: ``Budget.record``), so rows trained before the held-out set was made disjoint from the pool are never
+reused, and rows of another split or data replicate are other experiments.
+
+A plan's entries are (group, backend) pairs, trained with the run's budget and steps, or (group, backend, budget)
+triples (``sweep``: several step counts or learning rates in one run). ``devices``: the rows' seed chunks are
+spread over several devices (GPUs of one host), round-robin.
 """
 from __future__ import annotations
 
@@ -22,9 +27,10 @@ import torch
 
 from fpa_lightning.atomic import write_json
 from fpa_lightning.probes.model import variant
-from fpa_lightning.probes.stats import sign_test, successes
+from fpa_lightning.probes.stats import holm, sign_test, successes
 from fpa_lightning.probes.train import Budget, train_row
 from modules.probes.table import REFERENCE, Group
+from modules.probes.verdicts import direction_to_test
 
 
 def row_identity(group: Group, backend: str, seeds: list[int], budget: Budget) -> dict:
@@ -33,7 +39,7 @@ def row_identity(group: Group, backend: str, seeds: list[int], budget: Budget) -
     implementation (``Group.impl``), so rows recorded before that option existed stay reusable."""
     test_probe = group.test_probe.key if group.test_probe is not None else None
     identity = {"group": group.label, "probe": group.probe.key, "test_probe": test_probe, "backend": backend,
-                "seeds": list(seeds), "shape": asdict(group.shape), "budget": asdict(budget),
+                "seeds": list(seeds), "shape": asdict(group.shape), "budget": budget.record(),
                 "criterion": group.criterion}
     return identity if group.impl == "naive" else {**identity, "impl": group.impl}
 
@@ -51,8 +57,10 @@ def missing_seeds(seeds: list[int], parts: list[dict]) -> list[int]:
     return [seed for seed in seeds if seed not in done]
 
 
-CHUNK_KEYS = ("seeds", "accuracies", "final_loss", "held_out_distinct", "seconds", "device")
-"""What a row's record keeps of each chunk of seeds trained together (``train_chunk``)."""
+CHUNK_KEYS = ("seeds", "accuracies", "final_loss", "held_out_distinct", "seconds", "device", "held_out_parts",
+              "part_overlap", "loss_curve")
+"""What a row's record keeps of each chunk of seeds trained together (``train_chunk``); the last three only where
+the chunk has them (rows recorded before they existed have not)."""
 
 
 def train_chunk(group: Group, backend: str, seeds: list[int], budget: Budget, device: str, progress=None) -> dict:
@@ -60,7 +68,8 @@ def train_chunk(group: Group, backend: str, seeds: list[int], budget: Budget, de
     run = train_row(group.probe, variant(backend), group.shape, seeds, budget, torch.device(device), progress,
                     test_probe=group.test_probe, impl=group.impl)
     return {"seeds": list(seeds), "accuracies": run.accuracies, "final_loss": run.final_loss,
-            "held_out_distinct": run.held_out_distinct, "seconds": run.seconds, "device": device}
+            "held_out_distinct": run.held_out_distinct, "seconds": run.seconds, "device": device,
+            "held_out_parts": run.held_out_parts, "part_overlap": run.part_overlap, "loss_curve": run.loss_curve}
 
 
 def merge_chunks(group: Group, backend: str, seeds: list[int], budget: Budget, device: str, chunks: list[dict]) -> dict:
@@ -69,18 +78,22 @@ def merge_chunks(group: Group, backend: str, seeds: list[int], budget: Budget, d
     ``device`` lists the chunks' devices (`device` for a chunk that names none)."""
     by_seed = {seed: (acc, loss) for c in chunks for seed, acc, loss in zip(c["seeds"], c["accuracies"],
                                                                            c["final_loss"])}
+    curves = {seed: curve for c in chunks for seed, curve in zip(c["seeds"], c.get("loss_curve") or [])}
     if sorted(by_seed) != sorted(seeds) or sum(len(c["seeds"]) for c in chunks) != len(seeds):
         raise ValueError(f"{group.label} · {backend}: the chunks trained seeds "
                          f"{sorted(s for c in chunks for s in c['seeds'])}, not {sorted(seeds)}")
     accuracies = [by_seed[s][0] for s in seeds]
     success = successes(accuracies, group.criterion)
+    extra = {key: chunks[0][key] for key in ("held_out_parts", "part_overlap") if chunks[0].get(key) is not None}
+    if sorted(curves) == sorted(seeds):  # every chunk recorded its curves
+        extra["loss_curve"] = [curves[s] for s in seeds]
     return {**row_identity(group, backend, seeds, budget), "probe_name": group.probe.name,
             "params": group.probe.params, "variant": variant(backend).description,
             "accuracies": accuracies, "success": success, "successes": sum(success),
             "final_loss": [by_seed[s][1] for s in seeds], "held_out_distinct": chunks[0]["held_out_distinct"],
             "seconds": round(sum(c["seconds"] for c in chunks), 1),
             "device": ", ".join(dict.fromkeys(c.get("device", device) for c in chunks)),
-            "paper": group.paper.get(backend)}
+            "paper": group.paper.get(backend), **extra}
 
 
 def seed_chunks(group: Group, seeds: list[int], chunks_per_row: int) -> list[list[int]]:
@@ -153,7 +166,7 @@ def earlier_parts(group: Group, backend: str, seeds: list[int], budget: Budget, 
             if taken.isdisjoint(row["seeds"]):
                 parts.append(row)
                 taken.update(row["seeds"])
-    return [{key: part[key] for key in CHUNK_KEYS} for part in parts]
+    return [{key: part[key] for key in CHUNK_KEYS if key in part} for part in parts]
 
 
 ROW_KEYS = ("group", "probe", "test_probe", "backend", "seeds", "shape", "budget", "criterion", "impl")
@@ -171,14 +184,31 @@ def budget_for(group: Group, budget: Budget, steps: int | None) -> Budget:
     return replace(budget, steps=steps or group.steps)
 
 
-def run_rows(plan: list[tuple[Group, str]], seeds: list[int], budget: Budget, steps: int | None, device: str,
+def sweep(plan: list[tuple[Group, str]], budget: Budget, steps: list[int | None] | None = None,
+          lrs: list[float] | None = None) -> list[tuple[Group, str, Budget]]:
+    """Every planned row at every step count (None: the group's own) and learning rate, as (group, backend,
+    budget) triples: the step counts outermost, then the learning rates, then the plan's order."""
+    return [(group, backend, replace(budget_for(group, budget, n), lr=lr))
+            for n in (steps or [None]) for lr in (lrs or [budget.lr]) for group, backend in plan]
+
+
+def _entry(item: tuple, budget: Budget, steps: int | None) -> tuple[Group, str, Budget]:
+    group, backend, *given = item
+    return group, backend, given[0] if given else budget_for(group, budget, steps)
+
+
+def run_rows(plan: list[tuple], seeds: list[int], budget: Budget, steps: int | None, device: str | list[str],
              earlier: list[dict], workers: int = 1, log=print, partial: str | None = None) -> list[dict]:
     """Train every planned row not found in `earlier` (the seeds that earlier seed ranges lack); returns the records
-    in plan order. With `partial` (a file path), every finished row, and every finished chunk of a split row, is
+    in plan order. Plan entries are (group, backend), trained with `budget` at `steps` (None: the group's own), or
+    (group, backend, budget) (``sweep``). `device`: one device, or several for the worker pool to spread the seed
+    chunks over. With `partial` (a file path), every finished row, and every finished chunk of a split row, is
     saved there at once, so an interrupted run loses nothing that finished."""
+    devices = [device] if isinstance(device, str) else list(device)
+    device = devices[0] if len(devices) == 1 else ", ".join(devices)
+    plan = [_entry(item, budget, steps) for item in plan]
     todo, done, parts = [], {}, {}
-    for i, (group, backend) in enumerate(plan):
-        row_budget = budget_for(group, budget, steps)
+    for i, (group, backend, row_budget) in enumerate(plan):
         found = _find(earlier, row_identity(group, backend, seeds, row_budget))
         parts[i] = [] if found is not None else earlier_parts(group, backend, seeds, row_budget, earlier)
         if found is None and sum(len(p["seeds"]) for p in parts[i]) == len(seeds):
@@ -202,9 +232,9 @@ def run_rows(plan: list[tuple[Group, str]], seeds: list[int], budget: Budget, st
             f"succeed, mean accuracy {sum(record['accuracies']) / len(seeds):.3f} ({record['seconds']:.0f} s; "
             f"elapsed {elapsed / 60:.1f} min, about {eta / 60:.1f} min left)")
 
-    jobs = [(plan[i][0], plan[i][1], seeds, budget_for(plan[i][0], budget, steps), device, parts[i]) for i in todo]
-    if workers > 1:
-        _run_in_pool(todo, jobs, workers, finished, log, saved.seed_range)
+    jobs = [(plan[i][0], plan[i][1], seeds, plan[i][2], device, parts[i]) for i in todo]
+    if workers > 1 or len(devices) > 1:
+        _run_in_pool(todo, jobs, max(workers, len(devices)), finished, log, saved.seed_range, devices)
     else:
         for n, (i, (group, backend, _, row_budget, _, row_parts)) in enumerate(zip(todo, jobs), start=1):
             tested = f", tested on {group.test_probe.key}" if group.test_probe is not None else ""
@@ -237,12 +267,15 @@ class _Saved:
             write_json(self.path, {"rows": [self.done[j] for j in sorted(self.done)] + ranges})
 
 
-def _run_in_pool(todo: list[int], jobs: list[tuple], workers: int, finished, log, seed_range=None) -> None:
+def _run_in_pool(todo: list[int], jobs: list[tuple], workers: int, finished, log, seed_range=None,
+                 devices: list[str] | None = None) -> None:
     """Every job's row in a pool of worker processes; a fast-path row splits into seed chunks so that the pool has
     about two jobs per worker (``seed_chunks``), and a row is finished when its last chunk is. `seed_range(i,
-    record)` receives each chunk that leaves its row unfinished, as a row of its seeds."""
+    record)` receives each chunk that leaves its row unfinished, as a row of its seeds. `devices`: the chunks are
+    given to these devices in turn (default: the jobs' own device)."""
     split = sum(job[0].impl != "naive" for job in jobs)
     per_row = -(-2 * workers // split) if split else 1
+    turn = 0
     with ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_worker_init,
                              initargs=(workers,)) as pool:
         futures, waiting, parts = {}, {}, {}
@@ -252,7 +285,9 @@ def _run_in_pool(todo: list[int], jobs: list[tuple], workers: int, finished, log
             waiting[i], parts[i] = len(chunks), list(earlier)
             for chunk in chunks:
                 label = f"{group.label} · {backend}" + (f", seeds {chunk[0]}–{chunk[-1]}" if len(chunks) > 1 else "")
-                futures[pool.submit(_pool_job, group, backend, chunk, row_budget, device, label)] = (i, job)
+                on = devices[turn % len(devices)] if devices else device
+                turn += 1
+                futures[pool.submit(_pool_job, group, backend, chunk, row_budget, on, label)] = (i, job)
         n = 0
         for k, future in enumerate(as_completed(futures), start=1):
             i, (group, backend, seeds, row_budget, device, _) = futures[future]
@@ -293,13 +328,19 @@ def _progress_printer(steps: int, log):
 
 def comparisons(rows: list[dict]) -> list[dict]:
     """Within each group: FPA against every other backend trained with the same seeds and budget (exact one-sided
-    sign tests on the paired seeds)."""
+    sign tests on the paired seeds). Each comparison is tested in one direction (``verdicts.direction_to_test``: the
+    paper's, where its counts claim one, else FPA better), and the tested p-values of the run are adjusted as one
+    family (Holm): ``tested`` ("a" or "b"), ``p_tested`` and ``p_holm``."""
     out = []
     for reference in (r for r in rows if r["backend"] == REFERENCE):
         for other in rows:
             same = all(other.get(k) == reference.get(k) for k in ("group", "seeds", "budget", "test_probe"))
             if same and other["backend"] != REFERENCE:
                 test = sign_test(reference["success"], other["success"])
+                tested = direction_to_test(reference.get("paper"), other.get("paper"))
                 out.append({"group": reference["group"], "probe": reference["probe"], "a": REFERENCE,
-                            "b": other["backend"], "budget": reference["budget"], **test.as_dict()})
+                            "b": other["backend"], "budget": reference["budget"], **test.as_dict(), "tested": tested,
+                            "p_tested": test.p_value if tested == "a" else test.p_value_reverse})
+    for c, adjusted in zip(out, holm([c["p_tested"] for c in out])):
+        c["p_holm"] = adjusted
     return out

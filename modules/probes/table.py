@@ -1,11 +1,13 @@
-"""The paper's 1-layer probe table as groups of rows (docs/probes.md, "The table"), with the paper's numbers.
+"""The paper's 1-layer probe table as groups of rows (docs/probes.md, "The probes"), with the paper's numbers.
 
 A group is one probe instance and one model shape, trained with several backends; within a group, FPA is compared
-with every other backend by the sign test. ``GROUPS`` lists them in the paper's order.
+with every other backend by the sign test. ``GROUPS`` lists them in the paper's order. Budgets are the groups'
+defaults; where a budget is not yet calibrated, docs/probes.md, "Runs to make" gives the sweep that calibrates it.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 
 from fpa_lightning.probes.base import Probe
 from fpa_lightning.probes.dips import DipDepth
@@ -50,7 +52,8 @@ class Group:
 
 POSITIONAL_PEERS = ("sdpa", "nope", "alibi", "fox")
 LADDER = ("fpa", "fpa_stack", *POSITIONAL_PEERS)
-LADDER_STEPS = 1500  # the d = 4 peers at r = 18 pass 0.99 only after ~1200 steps (docs/probes.md)
+LADDER_STEPS = 1500
+"""The ladders' budget (docs/probes.md, "Runs to make": the r = 18 sweep at 4500 steps and two learning rates)."""
 
 
 def _ladder_groups() -> list[Group]:
@@ -67,7 +70,7 @@ def _ladder_groups() -> list[Group]:
 
 def _unnamed_ladder_groups() -> list[Group]:
     """Our variant, not a row of the paper: the same ladder with pushes that name only their colour
-    (docs/probes.md, "Where we differ", investigation 6)."""
+    (docs/probes.md, "Where we differ from the paper")."""
     groups = [Group(f"unnamed ladder, d=4, r={r}", UnnamedLadder(r=r), Shape(heads=1, head_dim=4), LADDER,
                     steps=LADDER_STEPS) for r in (6, 10, 14, 18)]
     groups += [Group(f"unnamed ladder control, d={r + 2}, r={r}", UnnamedLadder(r=r), Shape(heads=1, head_dim=r + 2),
@@ -77,9 +80,8 @@ def _unnamed_ladder_groups() -> list[Group]:
 
 DIP_SUM_PEERS = ("fpa", "fpa_dipsum", "selective", "fox")
 DIP_DEPTH_STEPS = 2000
-"""A CPU pilot (3 seeds, issue #22) at 1000 steps left FPA's training loss at 0.096 and 0.63 on two of three seeds
-(held-out accuracy 0.969 and 0.702 at durations 1-2), so the budget is the table's longest one-layer budget (as
-``var_assign``), not yet calibrated on a full run."""
+"""The table's longest one-layer budget (as ``var_assign``), chosen from a CPU pilot (docs/probes.md, "Pilots");
+not calibrated: ``--steps 2000 6000`` sweeps it (docs/probes.md, "Runs to make")."""
 
 
 def _dip_depth_groups() -> list[Group]:
@@ -135,15 +137,23 @@ def _mqar_regime_and_find_name_groups() -> list[Group]:
     not in docs/, so these settings are ours, and the step budget is not yet calibrated on a GPU run.
 
     find_name with globals told apart only by their place in the walk (``FindNameByPlace``): not a paper row, the
-    control for "without key level fails" (docs/probes.md, "Where we differ", 3)."""
+    control for "without key level fails" (docs/probes.md, "Where we differ from the paper").
+
+    The 2-layer groups also hold FPA without the layer-1 bias whose layer 1 has positions (``fpa_nobias1_rope``:
+    softmax with RoPE there) and the all-softmax model with the same layer 1 (``sdpa_rope1``): ``fpa_nobias1``'s
+    layer 1 has no positional signal at all, while FPA's layer-1 bias is what locates the previous token, so the
+    paper's "without layer-1 bias" is read both ways. The paper's count of that ablation stands beside both
+    FPA variants."""
     from fpa_lightning.probes.names import FindNameByPlace
 
     groups = []
+    two = ("fpa", "sdpa", "fpa_nobias1", "fpa_nobias1_rope", "sdpa_rope1")
+    two_paper = {"fpa": "0/15", "sdpa": "15/15", "fpa_nobias1": "15/15", "fpa_nobias1_rope": "15/15"}
     for layers, pairs, length, backends, paper in (
-            (2, 32, 256, ("fpa", "sdpa", "fpa_nobias1"), {"fpa": "0/15", "sdpa": "15/15", "fpa_nobias1": "15/15"}),
+            (2, 32, 256, two, two_paper),
             (3, 32, 256, ("fpa",), {"fpa": "0/15"}),
             (4, 32, 256, ("fpa",), {"fpa": "0/15"}),
-            (2, 64, 512, ("fpa", "sdpa", "fpa_nobias1"), {"fpa": "0/15", "sdpa": "15/15", "fpa_nobias1": "15/15"})):
+            (2, 64, 512, two, two_paper)):
         groups.append(Group(f"mqar, paper regime, {layers} layers, {pairs} pairs, T={length}",
                             Mqar(pairs=pairs, keys=256, values=256, length=length),
                             Shape(heads=2, head_dim=32, layers=layers, width=64, mlp=256, norm=True), backends, paper,
@@ -154,22 +164,19 @@ def _mqar_regime_and_find_name_groups() -> list[Group]:
 
 
 MULTI_DIP_STEPS = 3000
-"""Twice the ladder's 1500. A CPU pilot (3 seeds, the table's other settings) of FPA at d = 4, r = 10 reached 0.99 on
-no seed at 1500 steps (0.81, 0.987, 0.977) and on one at 3000 (0.819, 0.9995, 0.979); at r = 18 and 1500 steps
-0.93–0.98. The unnamed ladder's r = 18 row was budget-limited at 1500 too (docs/probes.md, investigation 6). The
-peers' d = r + 2 controls do not move with steps (0.82–0.83 at r = 10 after 400 and after 1500 steps): a one-head
-peer is capped at any budget (``theory.one_head_obstruction``). Not yet calibrated on a GPU run of 15 seeds."""
+"""Twice the ladder's 1500, chosen from CPU pilots (docs/probes.md, "Pilots"); not calibrated. A one-head peer is
+capped at any budget (``theory.one_head_obstruction``)."""
 
 
 def _multi_dip_ladder_groups() -> list[Group]:
     """Issue #22, item 2, first half: ``multi_dip_ladder`` (pushes name only their colour; three dips, pushes between
     them; read at the last dip), r ∈ {10, 14, 18}. Not a capacity test, as first intended: a one-head softmax peer
     cannot realise these alive sets at any width (``theory.one_head_obstruction``), so its d = r + 2 control fails by
-    construction (a CPU pilot: NoPE with positions 0.82–0.83 at r = 10, d = 12; 0.79 at r = 18, d = 20) and every peer
-    row is flagged as no capacity result. What the groups measure is expressivity: FPA at d = 4 against one-head
-    peers that can locate every push (a learned absolute position embedding, ``Shape.positions``, for NoPE, ALiBi
-    and FoX; RoPE for softmax), and the controls check the obstruction empirically. The paper's counts are its ladder
-    rows (docs/method.md, section 5), whose probe this is not; they stand beside FPA's d = 4 group only."""
+    construction (docs/probes.md, "Pilots") and every peer row is flagged as no capacity result. What the groups
+    measure is expressivity: FPA at d = 4 against one-head peers that can locate every push (a learned absolute
+    position embedding, ``Shape.positions``, for NoPE, ALiBi and FoX; RoPE for softmax), and the controls check the
+    obstruction empirically. The paper's counts are its ladder rows (docs/method.md, section 5), whose probe this is
+    not; they stand beside FPA's d = 4 group only."""
     from fpa_lightning.probes.ladder import MultiDipLadder
 
     groups = []
@@ -189,20 +196,24 @@ def _multi_dip_ladder_groups() -> list[Group]:
     return groups
 
 
+R18_WIDTHS = (2, *range(4, 21))
+"""The positioned unnamed ladder's head widths at r = 18: 2, and every width from 4 to the control's r + 2 = 20."""
+
+
 def _positioned_unnamed_ladder_groups() -> list[Group]:
     """Issue #22, item 2, second half: the capacity test whose controls can pass. The unnamed ladder (one dip, pushes
     that name only their colour) with a learned absolute position embedding for every backend of the group
     (``Shape.positions``), so that NoPE, ALiBi and FoX can locate the pushes (without it they fail even their
-    d = r + 2 controls, docs/probes.md investigation 6), swept over d ∈ {2, 4, r − 3, r − 2, r + 2} to locate each
-    backend's transition; the d = r + 2 groups are the controls (``report.capacity_note``: a row counts only if its
-    control passes). The paper's counts (FPA 11, 12, 13 of 15 at d = 4; the peers 0/15; the controls 15/15) are
-    for its named ladder without positions: they stand beside the d = 4 and d = r + 2 groups as targets. A CPU pilot
-    (3 seeds, 1500 steps) found NoPE with positions at 1.0 on every seed at d = 4, r = 10, and 0.983–0.987 at r = 18:
-    the paper's capacity gap may not survive positions, which these groups measure."""
+    d = r + 2 controls, docs/probes.md, "Where we differ from the paper"), swept over d ∈ {2, 4, r − 3, r − 2, r + 2}
+    to locate each backend's transition, and at r = 18, where the peers' d = 4 rows sit on the criterion, over every
+    width from 4 to r + 2 (``R18_WIDTHS``); the d = r + 2 groups are the controls (``report.capacity_note``: a row
+    counts only if its control passes). The paper's counts (FPA 11, 12, 13 of 15 at d = 4; the peers 0/15; the
+    controls 15/15) are for its named ladder without positions: they stand beside the d = 4 and d = r + 2 groups as
+    targets."""
     groups = []
     for r, fpa in ((10, "11/15"), (14, "12/15"), (18, "13/15")):
         probe = UnnamedLadder(r=r)
-        for d in (2, 4, r - 3, r - 2, r + 2):
+        for d in (R18_WIDTHS if r == 18 else (2, 4, r - 3, r - 2, r + 2)):
             control = d == r + 2
             paper = ({"fpa": fpa, **{b: "0/15" for b in ("nope", "alibi", "fox")}} if d == 4 else
                      {b: "15/15" for b in ("nope", "alibi", "fox")} if control else {})
@@ -250,10 +261,17 @@ GROUPS: list[Group] = [
 ]
 
 
+def matches(label: str, pattern: str) -> bool:
+    """Whether a group label matches a --groups entry: the label itself, or a shell-style pattern (``*`` any text,
+    ``?`` one character), e.g. "unnamed ladder*positions, d=*, r=18"."""
+    return label == pattern or fnmatchcase(label, pattern)
+
+
 def select(probes: list[str] | None, backends: list[str] | None,
            groups: list[str] | None = None) -> list[tuple[Group, str]]:
     """The (group, backend) rows to run: groups whose probe name (``ladder``) or probe key (``ladder(r=10)``) is in
-    `probes` and whose label is in `groups`, backends in `backends` (None: no restriction)."""
+    `probes` and whose label is in `groups` (labels or patterns, ``matches``), backends in `backends` (None: no
+    restriction)."""
     known = list(dict.fromkeys([g.probe.name for g in GROUPS] + [g.probe.key for g in GROUPS]))
     for name in probes or []:
         if name not in known:
@@ -263,12 +281,28 @@ def select(probes: list[str] | None, backends: list[str] | None,
             raise ValueError(f"unknown probe backend {name!r}; known: {', '.join(VARIANTS)}")
     labels = [g.label for g in GROUPS]
     for label in groups or []:
-        if label not in labels:
+        if not any(matches(known_label, label) for known_label in labels):
             raise ValueError(f"unknown table group {label!r}; the labels are listed by --list")
     rows = [(g, b) for g in GROUPS
             if (probes is None or g.probe.name in probes or g.probe.key in probes)
-            and (groups is None or g.label in groups)
+            and (groups is None or any(matches(g.label, pattern) for pattern in groups))
             for b in g.backends if backends is None or b in backends]
     if not rows:
         raise ValueError("no row of the table matches --probes, --groups and --backends (see --list)")
     return rows
+
+
+def label_split_rows(plan: list[tuple[Group, str]]) -> tuple[list[tuple[Group, str]], list[str]]:
+    """The rows of `plan` whose probes define a label-determining part (``Probe.label_mask``; for a group tested
+    on another probe, both), so that they can run with the held-out split "label"; and the labels of the groups
+    left out."""
+    from fpa_lightning.probes.train import has_label_split
+
+    def allowed(group: Group) -> bool:
+        return has_label_split(group.probe) and (group.test_probe is None or has_label_split(group.test_probe))
+
+    verdict = {}
+    for group, _ in plan:
+        if group.label not in verdict:
+            verdict[group.label] = allowed(group)
+    return [(g, b) for g, b in plan if verdict[g.label]], [label for label, ok in verdict.items() if not ok]

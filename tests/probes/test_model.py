@@ -18,6 +18,7 @@ PROBE = Ladder(r=6)
     ("dcp", Shape(heads=2, head_dim=2, width=16)),
     ("sdpa", Shape(heads=1, head_dim=4, width=16)),
     ("fpa_nobias1", Shape(heads=1, head_dim=4, layers=2, width=16)),
+    ("fpa_nobias1_rope", Shape(heads=1, head_dim=4, layers=2, width=16)),
 ])
 def test_each_seed_computes_what_its_model_computes_alone(backend, shape):
     ensemble = SeedEnsemble(lambda: make_model(PROBE, variant(backend), shape), seeds=[3, 4, 5])

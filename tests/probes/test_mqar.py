@@ -62,8 +62,8 @@ def test_the_paper_regime_groups():
     groups = {g.label: g for g in GROUPS if g.label.startswith("mqar, paper regime")}
     assert len(groups) == 4
     two = groups["mqar, paper regime, 2 layers, 32 pairs, T=256"]
-    assert two.probe == LONG and two.backends == ("fpa", "sdpa", "fpa_nobias1")
-    assert two.paper == {"fpa": "0/15", "sdpa": "15/15", "fpa_nobias1": "15/15"}
+    assert two.probe == LONG and two.backends == ("fpa", "sdpa", "fpa_nobias1", "fpa_nobias1_rope", "sdpa_rope1")
+    assert two.paper == {"fpa": "0/15", "sdpa": "15/15", "fpa_nobias1": "15/15", "fpa_nobias1_rope": "15/15"}
     for group in groups.values():
         assert group.shape.mlp > 0 and group.shape.norm and group.probe.keys >= 256
         assert 32 <= group.probe.pairs <= 64 and 256 <= group.probe.length <= 512
@@ -125,11 +125,10 @@ def test_ablation_of_a_hand_built_head_drops_to_the_position_blind_bound():
 
 def test_removing_the_layer1_bias_of_a_trained_fpa_recall_model_breaks_recall():
     """The causal test on a small trained model (CPU, one seed, ~10 s): a 2-layer FPA model learns a compact MQAR
-    (4 pairs of 8 keys and 8 values) to 1.0; without its layer-1 bias, recall falls to 0.70-0.73 (measured: seeds 0
-    and 1 at 400 steps of 64, 0.727 and 0.689 on 512 held-out sequences), while without its layer-2 bias it stays
-    at 0.975 and 1.0. The paper's account says the layer-1 bias
-    blocks the recall circuit; in this model the circuit runs through it (docs/probes.md, investigation 3: a
-    recency window that is the previous-token step)."""
+    (4 pairs of 8 keys and 8 values) to 1.0; without its layer-1 bias recall falls well below it, without its
+    layer-2 bias it stays near 1.0 (the measured values: docs/probes.md, "Hand-built heads and bounds"). The paper's
+    account says the layer-1 bias blocks the recall circuit; in this model the circuit runs through it: the bias is
+    the previous-token step."""
     torch.set_num_threads(1)
     probe = Mqar(pairs=4, keys=8, values=8)
     run = train_row(probe, variant("fpa"), Shape(heads=2, head_dim=8, layers=2, width=32), [0],
@@ -139,6 +138,39 @@ def test_removing_the_layer1_bias_of_a_trained_fpa_recall_model_breaks_recall():
     result = layer_bias_ablation(model, probe, n=512)
     assert result["before"] >= 0.99
     assert result["after"] <= 0.85
-    # the control: the layer-2 bias can go (measured: 0.975 after), so it is the first layer's that recall needs
+    # the control: the layer-2 bias can go, so it is the first layer's that recall needs
     later = layer_bias_ablation(model, probe, layer=1, n=512)
     assert later["before"] == result["before"] and later["after"] >= 0.95
+
+
+def _layer1_output_at_the_end(model, tokens):
+    with torch.no_grad():
+        return model.layers[0](model.embed(tokens))[:, -1]
+
+
+def test_the_layer1_rope_variants_see_positions_in_layer1():
+    """fpa_nobias1 removes FPA's layer-1 bias and with it the only positional signal of layer 1 (a softmax layer
+    without positions: its output at a position is the same for every order of the tokens before it). The RoPE
+    variants put a positional code there: the same permutation of the earlier tokens changes their layer-1 output
+    at the last position. The later layers are FPA (fpa_nobias1_rope) or softmax without positions (sdpa_rope1).
+    (Only layer 1 is compared: from layer 2 on, the causal mask alone makes any model see order.)"""
+    probe = Mqar(pairs=4, keys=8, values=8)
+    shape = Shape(heads=2, head_dim=8, layers=2, width=32)
+    tokens = probe.sample(16, torch.Generator().manual_seed(0)).tokens
+    order = torch.randperm(tokens.shape[1] - 2, generator=torch.Generator().manual_seed(1)) + 1
+    permuted = torch.cat([tokens[:, :1], tokens[:, order], tokens[:, -1:]], dim=1)  # BOS and the last token stay
+    assert not torch.equal(permuted, tokens)
+    kinds = {}
+    for backend in ("fpa_nobias1", "fpa_nobias1_rope", "sdpa_rope1", "nope"):
+        torch.manual_seed(0)
+        model = make_model(probe, variant(backend), shape).double()
+        same = torch.allclose(_layer1_output_at_the_end(model, tokens), _layer1_output_at_the_end(model, permuted),
+                              rtol=1e-10, atol=1e-12)
+        kinds[backend] = (same, [type(layer.backend).__name__ for layer in model.layers],
+                          [layer.rope is not None for layer in model.layers])
+    assert kinds["fpa_nobias1"] == (True, ["AttentionBackend", "FpaBackend"], [False, False])
+    assert kinds["fpa_nobias1_rope"] == (False, ["AttentionBackend", "FpaBackend"], [True, False])
+    assert kinds["sdpa_rope1"] == (False, ["AttentionBackend", "AttentionBackend"], [True, False])
+    assert kinds["nope"][0] is True
+    with pytest.raises(ValueError, match="at least 2 layers"):
+        make_model(probe, variant("fpa_nobias1_rope"), Shape(heads=2, head_dim=8, layers=1, width=32))

@@ -40,7 +40,8 @@ def test_dip_sum_confuses_depth_with_duration():
 
 @pytest.mark.parametrize("r", [10, 18])
 def test_a_linear_threshold_over_the_rungs_does_not_solve_the_ladder(r):
-    """docs/probes.md, investigation 5: linear scores weigh the survivors geometrically, so the majority is missed."""
+    """docs/probes.md, "Hand-built heads and bounds": linear scores weigh the survivors geometrically, so the majority
+    is missed."""
     model = linear_threshold_head(Ladder(r=r))
     assert model.layers[0].head_dim == 2
     assert accuracy(model, Ladder(r=r)) < 0.8

@@ -1,8 +1,10 @@
 """probes: the paper's synthetic probe table, trained from scratch (no checkpoint), 15 seeds per row, sign tests.
 
-``python eval.py --task probes [--probes NAME ...] [--groups LABEL ...] [--backends NAME ...] [--seeds 15] [--steps N]
-[--impl I] --out DIR``
-writes ``probes.json`` (rows and comparisons), ``probes.md`` (the table beside the paper's) and ``probes.png``.
+``python eval.py --task probes [--probes NAME ...] [--groups LABEL ...] [--backends NAME ...] [--seeds 15]
+[--steps N ...] [--lr LR ...] [--split sequence|label] [--data-seed K] [--salt S] [--devices D ...] [--impl I]
+--out DIR``
+writes ``probes.json`` (rows and comparisons, with Holm-adjusted p-values), ``probes.md`` (the table beside the
+paper's, and the loss curves) and ``probes.png``. Several --steps or --lr values sweep them (every row at each).
 Rows already in DIR/probes.json (or in files given to --merge) with the same settings are reused, so the table
 can be filled in over several runs; a row trained in seed ranges (``--seed A --seeds N`` in separate runs) is joined
 from them. Definitions and results: docs/probes.md.
@@ -12,7 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-from dataclasses import asdict, replace
+from dataclasses import replace
 
 import torch
 
@@ -21,11 +23,11 @@ from fpa_lightning.evaluation.data import EvalData
 from fpa_lightning.evaluation.scoring import Runtime
 from fpa_lightning.probes import PROBES
 from fpa_lightning.probes.model import VARIANTS
-from fpa_lightning.probes.train import Budget
+from fpa_lightning.probes.train import SPLITS, Budget
 from modules.evaluation.tasks.common import Task, TaskOutput
-from modules.probes.report import comparison_table, markdown_table, plot_table
-from modules.probes.runner import PARTIAL, comparisons, is_seed_part, load_rows, run_rows
-from modules.probes.table import GROUPS, select
+from modules.probes.report import comparison_table, curve_table, markdown_table, plot_table, training
+from modules.probes.runner import PARTIAL, comparisons, is_seed_part, load_rows, run_rows, sweep
+from modules.probes.table import GROUPS, label_split_rows, select
 
 DEFAULT_SEEDS = 15
 
@@ -54,15 +56,27 @@ def add_arguments(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--probes", nargs="+", metavar="NAME", help="probes: only these probes, by name (ladder) or "
                        "key (ladder(r=10)) (default: the whole table; --list shows them)")
     group.add_argument("--groups", nargs="+", metavar="LABEL", help="probes: only these table groups, by their full "
-                       "label (\"mqar, paper regime, 2 layers, 32 pairs, T=256\"; --list shows them)")
+                       "label (\"mqar, paper regime, 2 layers, 32 pairs, T=256\"; --list shows them) or a pattern "
+                       "(\"unnamed ladder*positions, d=*, r=18\": * any text, ? one character)")
     group.add_argument("--backends", nargs="+", metavar="NAME", help="probes: only these backends (default: each "
                        "group's own)")
     group.add_argument("--seeds", type=int, help=f"probes: seeds per row, --seed .. --seed + N − 1 (default "
                        f"{DEFAULT_SEEDS})")
-    group.add_argument("--steps", type=int, help="probes: training steps per row (default: each group's own)")
+    group.add_argument("--steps", type=int, nargs="+", help="probes: training steps per row (default: each group's "
+                       "own); several values train every row at each")
     group.add_argument("--train-batch", type=int, help=f"probes: sequences per step and seed (default "
                        f"{Budget.batch})")
-    group.add_argument("--lr", type=float, help=f"probes: peak learning rate (default {Budget.lr})")
+    group.add_argument("--lr", type=float, nargs="+", help=f"probes: peak learning rate (default {Budget.lr}); "
+                       "several values train every row at each")
+    group.add_argument("--split", choices=SPLITS, help="probes: what the held-out split hashes: the whole sequence "
+                       "(default) or its label-determining part ('label': groups whose probe defines none are left "
+                       "out)")
+    group.add_argument("--data-seed", type=int, help="probes: the data replicate: another pool and held-out set "
+                       "(default 0, the committed rows')")
+    group.add_argument("--salt", help="probes: the key of the held-out split's hash: another split of the same "
+                       "space (default: none, the committed rows')")
+    group.add_argument("--devices", nargs="+", metavar="DEVICE", help="probes: spread the rows' seed chunks over "
+                       "these devices (cuda:0 cuda:1 ...; at least as many workers as devices)")
     group.add_argument("--weight-decay", type=float, help="probes: AdamW decay of every parameter but the backend's "
                        "gate maps (default 0)")
     group.add_argument("--workers", type=int, help="probes: rows trained at once in separate processes (default 1; "
@@ -74,11 +88,15 @@ def add_arguments(group: argparse._ArgumentGroup) -> None:
 
 def check(args: argparse.Namespace, models: list[LoadedModel]) -> None:
     for option in ("seeds", "steps", "train_batch", "workers"):
-        value = getattr(args, option)
-        if value is not None and value < 1:
-            raise ValueError(f"--{option.replace('_', '-')} must be a positive integer, got {value}")
-    if args.lr is not None and not args.lr > 0:
+        values = getattr(args, option)
+        for value in values if isinstance(values, list) else [values]:
+            if value is not None and value < 1:
+                raise ValueError(f"--{option.replace('_', '-')} must be a positive integer, got {value}")
+    if args.lr is not None and not all(lr > 0 for lr in args.lr):
         raise ValueError(f"--lr must be positive, got {args.lr}")
+    if args.data_seed is not None and args.data_seed < 0:
+        raise ValueError(f"--data-seed must be non-negative, got {args.data_seed}")
+    Budget(**budget_knobs(args))  # raises for a salt too long
     if args.weight_decay is not None and args.weight_decay < 0:
         raise ValueError(f"--weight-decay must be non-negative, got {args.weight_decay}")
     select(args.probes, args.backends, args.groups)  # raises for unknown names or an empty selection
@@ -90,29 +108,45 @@ def machine(device: torch.device) -> str:
     return f"CPU: {platform.processor() or platform.machine()}, {os.cpu_count()} cores (torch {torch.__version__})"
 
 
+def budget_knobs(args: argparse.Namespace) -> dict:
+    """The ``Budget`` fields the command line sets (the steps and learning rates are swept: ``runner.sweep``)."""
+    knobs = {"batch": args.train_batch, "weight_decay": args.weight_decay, "split": args.split,
+             "data_seed": args.data_seed, "salt": args.salt}
+    return {k: v for k, v in knobs.items() if v is not None}
+
+
 def run(args: argparse.Namespace, models: list[LoadedModel], runtime: Runtime, data: EvalData) -> TaskOutput:
     plan = select(args.probes, args.backends, args.groups)
     if args.impl is not None:  # every selected group on this implementation (naive: the seeds as one vmapped model)
         plan = [(replace(group, impl=args.impl), backend) for group, backend in plan]
+    if args.split == "label":
+        plan, left_out = label_split_rows(plan)
+        if left_out:
+            print(f"probes: --split label leaves out {len(left_out)} group(s) whose probe defines no "
+                  f"label-determining part: {'; '.join(left_out)}")
+        if not plan:
+            raise ValueError("--split label: no selected group's probe defines a label-determining part")
     seeds = list(range(runtime.seed, runtime.seed + (args.seeds or DEFAULT_SEEDS)))
-    budget = Budget(batch=args.train_batch or Budget.batch, lr=args.lr or Budget.lr,
-                    weight_decay=args.weight_decay or Budget.weight_decay)
+    budget = Budget(**budget_knobs(args))
     earlier = load_rows([args.out, *(args.merge or [])])
     os.makedirs(args.out, exist_ok=True)
     partial = os.path.join(args.out, PARTIAL)
-    rows = run_rows(plan, seeds, budget, args.steps, str(runtime.device), earlier, workers=args.workers or 1,
-                    partial=partial)
+    rows = run_rows(sweep(plan, budget, args.steps, args.lr), seeds, budget, None, args.devices or str(runtime.device),
+                    earlier, workers=args.workers or 1, partial=partial)
     rows = _with_other_rows(rows, earlier)
     if os.path.exists(partial):
         os.remove(partial)  # probes.json, written next, holds every row
     comps = comparisons(rows)
-    table = markdown_table(rows, comps) + "\n" + comparison_table(comps, rows)
+    curves = curve_table(rows)
+    table = markdown_table(rows, comps) + "\n" + comparison_table(comps, rows) + (f"\n{curves}" if curves else "")
     with open(os.path.join(args.out, "probes.md"), "w", encoding="utf-8") as f:
         f.write(table)
     print(table)
-    results = {"rows": rows, "comparisons": comps, "seeds": seeds, "budget": asdict(budget),
+    results = {"rows": rows, "comparisons": comps, "seeds": seeds, "budget": budget.record(),
                "machine": machine(runtime.device)}
-    scalars = {f"probes/{r['group']}/{r['backend']}": r["successes"] / len(r["seeds"]) for r in rows}
+    names = [f"probes/{r['group']}/{r['backend']}" for r in rows]
+    scalars = {name + (f"/{training(r['budget'])}" if names.count(name) > 1 else ""): r["successes"] / len(r["seeds"])
+               for name, r in zip(names, rows)}  # a swept row is named with its budget
     return TaskOutput(results, {"probes": plot_table(rows)}, scalars)
 
 
@@ -135,5 +169,5 @@ def _key(row: dict) -> str:
 
 TASK = Task("the paper's synthetic probe table: trains probe models from scratch (no --ckpt), sign tests",
             frozenset({"probes", "groups", "backends", "seeds", "steps", "train_batch", "lr", "weight_decay", "workers",
-                       "merge", "list"}),
+                       "merge", "list", "split", "data_seed", "salt", "devices"}),
             run, check=check, add_arguments=add_arguments, needs_checkpoint=False, resumes=True)

@@ -264,7 +264,11 @@ def test_groups_select_rows_by_label():
 
     label = "mqar, paper regime, 2 layers, 32 pairs, T=256"
     plan = select(None, None, [label])
-    assert [(g.label, b) for g, b in plan] == [(label, "fpa"), (label, "sdpa"), (label, "fpa_nobias1")]
+    assert [(g.label, b) for g, b in plan] == [(label, b) for b in ("fpa", "sdpa", "fpa_nobias1", "fpa_nobias1_rope",
+                                                                     "sdpa_rope1")]
+    # a pattern: every positioned unnamed-ladder group at r = 18, controls included
+    pattern = select(None, ["nope"], ["unnamed ladder*positions, d=*, r=18"])
+    assert sorted(g.shape.head_dim for g, _ in pattern) == [2, *range(4, 21)]
     probe = plan[0][0].probe.key
     assert len(select([probe], ["fpa"])) == 3  # the same probe in the 2-, 3- and 4-layer groups
     assert [(g.label, b) for g, b in select([probe], ["fpa"], [label])] == [(label, "fpa")]

@@ -1,0 +1,329 @@
+"""The paper's rows against ours: the summary table that opens docs/probes.md, generated from committed results.
+
+**What is tested.** Every row of ours that carries a paper count (``Group.paper``) is an *entry*. An entry whose
+backend is compared with FPA in its group, and whose paper counts for the two backends differ by at least
+``SEPARATION`` seeds of 15, claims a *separation* in the paper's direction (FPA better, e.g. 11/15 against 0/15; or
+the other better, e.g. MQAR's softmax 15/15 against FPA's 0/15). Every other entry claims a *count* (FPA's own
+11/15, a control's 15/15, "fails").
+
+**Two families of tests, each adjusted with Holm** (``fpa_lightning.probes.stats.holm``):
+- *sign tests*: every comparison of every committed result file (``SOURCES``), one test each, in its tested
+  direction (``direction_to_test``: the paper's where its counts claim a separation, else FPA better). Over a hundred
+  of them are read together, so a raw p of 5e-4 is not significant after adjustment;
+- *count tests*: our count against the paper's, Fisher's exact test (two-sided, ``stats.fisher_exact``), for every
+  entry of the summary that is neither untestable nor pending. "fails" is read as 0/15; a range ("14–15/15") is
+  tested at the end nearer ours.
+
+**Verdicts**, at α = ``ALPHA`` on the adjusted p-values:
+- a separation is *reproduced* when its sign test is significant, *contradicted* when our count differs
+  significantly from the paper's (the peer the paper says fails succeeds, or the reverse), else *inconclusive*;
+- a count is *contradicted* when it differs significantly from the paper's, else *reproduced* (consistent with it);
+- a line of the summary (one group) is *contradicted* if any entry is, else *inconclusive* if any is, else
+  *reproduced*; *untestable* where the line says why (``Line.untestable``), *pending* where its run has not been made.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from fpa_lightning.probes.stats import fisher_exact, holm
+
+REFERENCE = "fpa"
+ALPHA = 0.05
+SEPARATION = 5
+"""A pair of paper counts claims a separation when they differ by at least this many seeds (of 15)."""
+N_PAPER = 15
+"""The paper's seeds per row."""
+
+NAMES = {"fpa": "FPA", "fpa_stack": "stack form", "fpa_dipsum": "dip-sum", "fpa_nolevel": "no key level",
+         "fpa_querylevel": "query level", "fpa_nobias1": "no layer-1 bias",
+         "fpa_nobias1_rope": "no layer-1 bias, RoPE there", "sdpa_rope1": "softmax, RoPE in layer 1",
+         "fpa_noretrieval": "no content retrieval", "fox": "FoX", "selective": "Selective", "dcp": "DCP",
+         "sdpa": "softmax", "nope": "NoPE", "alibi": "ALiBi"}
+
+
+def name(backend: str) -> str:
+    return NAMES.get(backend, backend)
+
+
+# --- paper counts and the tested direction -----------------------------------------------------------------------
+def paper_count(text: str | None) -> tuple[int, int] | None:
+    """The paper's result as a range of successes out of 15: "11/15" -> (11, 11), "14–15/15" -> (14, 15), "fails"
+    -> (0, 0); None where the paper gives none."""
+    if not text:
+        return None
+    if text.strip() == "fails":
+        return 0, 0
+    match = re.fullmatch(r"\s*(\d+)(?:\s*[–-]\s*(\d+))?\s*/\s*(\d+)\s*", text)
+    if match is None:
+        raise ValueError(f"unreadable paper count {text!r}")
+    low, high = int(match.group(1)), int(match.group(2) or match.group(1))
+    return low, high
+
+
+def paper_direction(paper_a: str | None, paper_b: str | None) -> str | None:
+    """Which backend the paper's counts put ahead ("a" or "b") where they differ by at least ``SEPARATION`` seeds;
+    None where the paper claims no separation (or gives a count for one of the two only)."""
+    a, b = paper_count(paper_a), paper_count(paper_b)
+    if a is None or b is None:
+        return None
+    if a[0] - b[1] >= SEPARATION:
+        return "a"
+    if b[0] - a[1] >= SEPARATION:
+        return "b"
+    return None
+
+
+def direction_to_test(paper_a: str | None, paper_b: str | None) -> str:
+    """The direction a comparison is tested in: the paper's where its counts claim a separation, else "a" (FPA
+    better, the table's hypothesis)."""
+    return paper_direction(paper_a, paper_b) or "a"
+
+
+def count_p(paper: str, successes: int, n: int) -> float:
+    """Fisher's exact test of our count against the paper's (at the end of a range nearer ours)."""
+    low, high = paper_count(paper)
+    return max(fisher_exact(k, N_PAPER, successes, n) for k in {low, high})
+
+
+# --- the summary's sources and lines ------------------------------------------------------------------------------
+SOURCES = {
+    "h200": ("docs/probes/h200_2026-12-02/probes.json", "H200"),
+    "mqar": ("docs/probes/h200_2026-12-03_mqar_regime/probes.json", "H200"),
+    "cpu": ("docs/probes/cpu_2026-12-02_noretrieval/probes.json", "CPU"),
+}
+"""Every committed result file whose rows the summary reads: key -> (path from the repository root, device)."""
+
+
+@dataclass(frozen=True)
+class Line:
+    """One line of the summary: the rows of one group of one source, or a run still to be made."""
+
+    group: str
+    """The group's label (in the source, or in ``table.GROUPS`` for a pending line)."""
+    source: str | None = None
+    """A key of ``SOURCES``; None for a pending line."""
+    note: str = ""
+    """A few words after the verdict."""
+    untestable: str = ""
+    """Why the line cannot test the paper's claim (its verdict then says so)."""
+    pending: str = ""
+    """The command of a run still to be made (its verdict then says so)."""
+    pending_note: str = ""
+    """A few words after the pending command."""
+    title: str = ""
+    """The first cell where it is not the group's label (a pending line of several groups)."""
+    paper: str = ""
+    """The paper's cell of a pending line."""
+
+
+PENDING_MQAR_ROPE = ('python eval.py --task probes --device cuda --workers 4 --groups "mqar, paper regime, 2 layers, '
+                     '32 pairs, T=256" --backends fpa_nobias1_rope sdpa_rope1 --merge '
+                     'docs/probes/h200_2026-12-03_mqar_regime --out DIR')
+PENDING_MQAR_512 = ('python eval.py --task probes --device cuda --devices cuda:0 cuda:1 --workers 4 --groups "mqar, '
+                    'paper regime, 2 layers, 64 pairs, T=512" --backends sdpa --seeds 4 --steps 12000 --lr 0.01 0.003 '
+                    '--out DIR')
+PENDING_CAPACITY = ('python eval.py --task probes --device cuda --workers 12 --groups "unnamed ladder*positions, d=*, '
+                    'r=18" --steps 4500 --lr LR --out DIR')
+PENDING_LABEL_SPLIT = ('python eval.py --task probes --device cuda --workers 12 --probes ladder unnamed_ladder '
+                       'dip_depth --split label --out DIR')
+PENDING_DIP_DEPTH = ('python eval.py --task probes --device cuda --workers 12 --probes dip_depth --steps 2000 6000 '
+                     '--merge docs/probes/h200_2026-12-02 --out DIR')
+
+LINES = [
+    Line("ladder, d=4, r=6", "h200"),
+    Line("ladder, d=4, r=10", "h200", note="each push names its rung, so a vote over the pushes answers"),
+    Line("ladder, d=4, r=14", "h200", note="each push names its rung"),
+    Line("ladder, d=4, r=18", "h200", note="each push names its rung"),
+    Line("ladder control, d=12, r=10", "h200"),
+    Line("ladder control, d=16, r=14", "h200"),
+    Line("ladder control, d=20, r=18", "h200"),
+    Line("unnamed ladder, positions, d=4, r=10", "h200", note="our ladder: pushes name only their colour, every "
+         "backend gets a learned position embedding"),
+    Line("unnamed ladder, positions, d=4, r=14", "h200", note="our ladder, as above"),
+    Line("unnamed ladder, positions, d=4, r=18", "h200", note="our ladder, as above; the peers' mean 0.988 sits on "
+         "the 0.99 criterion"),
+    Line("unnamed ladder, positions, r=18: widths 2–20, two learning rates, 4500 steps",
+         pending=PENDING_CAPACITY, pending_note="LR: 0.01, then 0.003",
+         paper="FPA 13/15; NoPE, ALiBi, FoX 0/15 (d = 4)"),
+    Line("unnamed ladder control, positions, d=12, r=10", "h200"),
+    Line("unnamed ladder control, positions, d=16, r=14", "h200"),
+    Line("unnamed ladder control, positions, d=20, r=18", "h200"),
+    Line("dip duration, variable", "h200", note="every dip token names its depth; 133 distinct held-out sequences"),
+    Line("dip duration, fixed", "h200", untestable="its held-out part holds 28 sequences and no class 2"),
+    Line("dip depth, durations 1-2", "h200", note="our unit-step probe; trained 1–2 and tested 3–4, the dip sum "
+         "fails (next section)"),
+    Line("dip depth, duration 1", "h200", note="our unit-step probe"),
+    Line("dip depth, 2000 and 6000 steps", pending=PENDING_DIP_DEPTH, paper="as the dip depth lines"),
+    Line("ladders and dip depth, held-out sets disjoint on the label-determining part", pending=PENDING_LABEL_SPLIT,
+         paper="as their lines"),
+    Line("two families, 2 heads of d=2", "h200"),
+    Line("push/pop", "h200"),
+    Line("find a name among alive keys", "h200", note="a global binding is its own token, so content marks it"),
+    Line("find a name, without content retrieval", "cpu"),
+    Line("flip-flop", "h200"),
+    Line("copy", "h200", note="one FPA layer without positions cannot point n back"),
+    Line("counting", "h200"),
+    Line("variable assignment", "h200"),
+    Line("mqar, 2 layers", "h200", note="compact MQAR: 8 pairs, no MLP"),
+    Line("mqar, 3 layers", "h200", note="compact MQAR"),
+    Line("mqar, 4 layers", "h200", note="compact MQAR"),
+    Line("mqar, paper regime, 2 layers, 32 pairs, T=256", "mqar", note="our no-layer-1-bias model has no position "
+         "in layer 1 (confounded; next line)"),
+    Line("mqar, paper regime, 2 layers, 32 pairs, T=256: layer 1 softmax with RoPE", pending=PENDING_MQAR_ROPE,
+         paper="FPA without layer-1 bias 15/15"),
+    Line("mqar, paper regime, 3 layers, 32 pairs, T=256", "mqar"),
+    Line("mqar, paper regime, 4 layers, 32 pairs, T=256", "mqar"),
+    Line("mqar, paper regime, 2 layers, 64 pairs, T=512", "mqar", untestable="softmax recalls on 2/15 in 3000 steps, "
+         "13 seeds at chance: the row measures the budget"),
+    Line("mqar, paper regime, 2 layers, 64 pairs, T=512: calibration", pending=PENDING_MQAR_512,
+         pending_note="softmax alone, 4 seeds; if its seeds stay at chance, the regime is dropped",
+         paper="softmax 15/15"),
+]
+
+
+# --- computing the summary ----------------------------------------------------------------------------------------
+def load_sources(root: Path, spec: dict[str, tuple[str, str]] = SOURCES) -> dict[str, dict]:
+    """key -> the ``results`` of each file of `spec` (``SOURCES``: the committed ones)."""
+    return {key: json.loads((root / path).read_text(encoding="utf-8"))["results"] for key, (path, _) in spec.items()}
+
+
+def sign_family(sources: dict[str, dict]) -> list[dict]:
+    """Every comparison of every source, each with its tested direction, tested p-value and Holm-adjusted p-value
+    over the whole family (``tested``, ``p_tested``, ``p_holm``; new keys, the source's comparison is not
+    changed)."""
+    family = []
+    for key, results in sources.items():
+        rows = results["rows"]
+        for c in results["comparisons"]:
+            a, b = (next(r for r in rows if r["backend"] == c[side] and r["group"] == c["group"]
+                         and r["budget"] == c["budget"]) for side in ("a", "b"))
+            tested = direction_to_test(a.get("paper"), b.get("paper"))
+            family.append({**c, "source": key, "tested": tested,
+                           "p_tested": c["p_value"] if tested == "a" else c["p_value_reverse"]})
+    for c, adjusted in zip(family, holm([c["p_tested"] for c in family])):
+        c["p_holm"] = adjusted
+    return family
+
+
+@dataclass
+class Entry:
+    row: dict
+    comparison: dict | None
+    direction: str | None
+    """The separation the paper claims ("a": FPA better, "b": the other), or None: a count claim."""
+    count_p: float = 1.0
+    count_holm: float = 1.0
+
+    @property
+    def ours(self) -> str:
+        return f"{self.row['successes']}/{len(self.row['seeds'])}"
+
+    def kind(self) -> str:
+        count_differs = self.count_holm <= ALPHA
+        if self.direction is not None and self.comparison is not None:
+            if self.comparison["p_holm"] <= ALPHA and self.comparison["tested"] == self.direction:
+                return "reproduced"
+            return "contradicted" if count_differs else "inconclusive"
+        return "contradicted" if count_differs else "reproduced"
+
+
+def _p(value: float) -> str:
+    return f"{value:.2g}" if value >= 0.001 else f"{value:.1e}"
+
+
+def entries(line: Line, sources: dict[str, dict], family: list[dict]) -> list[Entry]:
+    """The rows of the line's group with a paper count (FPA's row first where it has one), each with its comparison
+    with FPA from the family."""
+    rows = _group_rows(line, sources)
+    if not rows:
+        raise ValueError(f"summary line {line.group!r}: no row of that group in source {line.source!r}")
+    reference = next((r for r in rows if r["backend"] == REFERENCE), None)
+    out = []
+    for row in rows:
+        if not row.get("paper"):
+            continue
+        comparison = next((c for c in family if c["source"] == line.source and c["group"] == row["group"]
+                           and c["b"] == row["backend"] and c["budget"] == row["budget"]), None)
+        direction = paper_direction(reference.get("paper"), row["paper"]) if reference and comparison else None
+        out.append(Entry(row, comparison, direction))
+    return out
+
+
+def _group_rows(line: Line, sources: dict[str, dict]) -> list[dict]:
+    """The rows of the line's group in its source, FPA's first."""
+    rows = [r for r in sources[line.source]["rows"] if r["group"] == line.group]
+    return sorted(rows, key=lambda r: r["backend"] != REFERENCE)
+
+
+def summary(root: Path, lines: list[Line] = LINES, spec: dict[str, tuple[str, str]] = SOURCES) -> list[dict]:
+    """Each line's cells and verdict kind: [{"cells": [...], "kind": ...}] in the order of `lines`, from the result
+    files of `spec` (key -> (path under `root`, device))."""
+    sources = load_sources(root, spec)
+    family = sign_family(sources)
+    per_line = {i: entries(line, sources, family) for i, line in enumerate(lines)
+                if line.source is not None}
+    counted = [e for i, es in per_line.items() if not lines[i].untestable for e in es]
+    raw = [count_p(e.row["paper"], e.row["successes"], len(e.row["seeds"])) for e in counted]
+    for e, p, adjusted in zip(counted, raw, holm(raw)):
+        e.count_p, e.count_holm = p, adjusted
+    return [_render(line, per_line.get(i), sources, spec) for i, line in enumerate(lines)]
+
+
+def _render(line: Line, found: list[Entry] | None, sources: dict[str, dict], spec: dict[str, tuple[str, str]]) -> dict:
+    if line.pending:
+        note = f" ({line.pending_note})" if line.pending_note else ""
+        return {"cells": [line.title or line.group, line.paper, "—", "—", f"pending: `{line.pending}`{note}"],
+                "kind": "pending"}
+    rows = _group_rows(line, sources)
+    reference = next((r for r in rows if r["backend"] == REFERENCE), None)
+    paper = "; ".join(f"{name(e.row['backend'])} {e.row['paper']}" for e in found)
+    shown = ([reference] if reference is not None and all(e.row is not reference for e in found) else []) + \
+        [e.row for e in found]
+    budget = shown[0]["budget"]
+    protocol = (f"{spec[line.source][1]}, {len(shown[0]['seeds'])} seeds, {budget['steps']} steps, "
+                f"{budget.get('split', 'sequence')} split")
+    ours = protocol + ": " + "; ".join(f"{name(r['backend'])} {r['successes']}/{len(r['seeds'])}" for r in shown)
+    tests = [e for e in found if e.comparison is not None]
+    p_cell = "; ".join(f"{name(e.row['backend'])}{' better' if e.comparison['tested'] == 'b' else ''} "
+                       f"{_p(e.comparison['p_tested'])} → {_p(e.comparison['p_holm'])}" for e in tests) or "—"
+    if line.untestable:
+        kind, verdict = "untestable", f"untestable: {line.untestable}"
+    else:
+        kinds = [e.kind() for e in found]
+        kind = next(k for k in ("contradicted", "inconclusive", "reproduced") if k in kinds or k == "reproduced")
+        detail = _detail(kind, [e for e in found if e.kind() == kind])
+        verdict = kind + (f": {detail}" if detail else "") + (f"; {line.note}" if line.note else "")
+    return {"cells": [line.title or line.group, paper, ours, p_cell, verdict], "kind": kind}
+
+
+def _detail(kind: str, which: list[Entry]) -> str:
+    if kind == "contradicted":
+        return ", ".join(f"{name(e.row['backend'])} {e.ours} vs {e.row['paper']} (count p {_p(e.count_holm)})"
+                         for e in which)
+    if kind == "inconclusive":
+        return ", ".join(f"{name(e.row['backend'])} {e.comparison['a_only']}:{e.comparison['b_only']}, "
+                         f"p {_p(e.comparison['p_holm'])}" for e in which)
+    separations = [e for e in which if e.direction is not None]
+    return ", ".join(f"{name(e.row['backend'])} p {_p(e.comparison['p_holm'])}" for e in separations)
+
+
+HEADER = ["paper row (our group)", "the paper", "ours: device, seeds, steps, held-out split: seeds ≥ 0.99",
+          "sign test vs FPA (the paper's direction): p raw → Holm", "verdict (α = 0.05, adjusted)"]
+
+
+def summary_table(root: Path, lines: list[Line] = LINES, spec: dict[str, tuple[str, str]] = SOURCES) -> str:
+    """The summary as a Markdown table."""
+    out = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    out += ["| " + " | ".join(line["cells"]) + " |" for line in summary(root, lines, spec)]
+    return "\n".join(out) + "\n"
+
+
+def tally(root: Path, lines: list[Line] = LINES, spec: dict[str, tuple[str, str]] = SOURCES) -> dict[str, int]:
+    """How many lines of each kind."""
+    counts: dict[str, int] = {}
+    for line in summary(root, lines, spec):
+        counts[line["kind"]] = counts.get(line["kind"], 0) + 1
+    return counts

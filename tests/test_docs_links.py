@@ -1,4 +1,4 @@
-"""The documentation's links hold: README.md, BENCHMARKS.md and every docs/*.md.
+"""The documentation's links hold: README.md, BENCHMARKS.md, benchmarks/KERNEL_LOG.md and every docs/*.md.
 
 - Every relative Markdown link (``[text](target)``, images included, code spans and fenced blocks left out) points
   to a file or folder that exists, relative to the page that holds it.
@@ -25,7 +25,8 @@ HTML_ANCHOR = re.compile(r"<a\s+(?:[^>]*\s)?(?:id|name)=[\"']([^\"']+)[\"']", re
 
 
 def pages(root: Path = ROOT) -> list[Path]:
-    return [root / "README.md", root / "BENCHMARKS.md", *sorted((root / "docs").glob("*.md"))]
+    return [root / "README.md", root / "BENCHMARKS.md", root / "benchmarks" / "KERNEL_LOG.md",
+            *sorted((root / "docs").glob("*.md"))]
 
 
 def prose_lines(text: str) -> list[tuple[int, str]]:

@@ -27,7 +27,7 @@ BARE = re.compile(r"`([\w.-]+\.json)`")
 SOURCE = re.compile(r"^git show ([0-9a-f]{7,40}):(\S+)$")
 # Folders whose owners are moving their logs and event files out of docs/ (issue #46); remove an entry once it holds
 # none, so that the check below covers it.
-PENDING = ("docs/lm_study/", "docs/probes/")
+PENDING = ("docs/probes/",)
 
 
 def is_log_event_or_script(path: str) -> bool:

@@ -25,9 +25,6 @@ MAX_LINES = {"BENCHMARKS.md": 300, "benchmarks/KERNEL_LOG.md": 300}
 CITED = re.compile(r"benchmarks/results/([\w./*-]+?\.json)")
 BARE = re.compile(r"`([\w.-]+\.json)`")
 SOURCE = re.compile(r"^git show ([0-9a-f]{7,40}):(\S+)$")
-# Folders whose owners are moving their logs and event files out of docs/ (issue #46); remove an entry once it holds
-# none, so that the check below covers it.
-PENDING = ("docs/probes/",)
 
 
 def is_log_event_or_script(path: str) -> bool:
@@ -132,7 +129,7 @@ def docs_files(root: Path = ROOT) -> list[str]:
 
 
 def test_docs_hold_no_logs_event_files_or_scripts():
-    found = [path for path in docs_files() if is_log_event_or_script(path) and not path.startswith(PENDING)]
+    found = [path for path in docs_files() if is_log_event_or_script(path)]
     assert found == [], "docs/ is the manual: put the numbers in a record under benchmarks/results/"
 
 

@@ -76,7 +76,7 @@ def make_methods(B, T, H, D, device):
     methods["sdpa-cudnn"] = lambda: sdpa(SDPBackend.CUDNN_ATTENTION)
 
     def fox():
-        from fpa_lightning.ops.fox_flex import fox_flex_attention
+        from fpa_lightning.ops.fox.flex import fox_flex_attention
 
         q, k, v = qkv()
         c = F.logsigmoid(3.0 + torch.randn(B, T, H, device=device)).cumsum(1).requires_grad_()

@@ -2,7 +2,7 @@
 # GPU check of the fused DCP attention kernel (fpa_lightning/ops/dcp/fused.py) in one command, from the repository
 # root (it checked the candidate "DCP d3" before its adoption: benchmarks/KERNEL_LOG.md):
 #   bash benchmarks/dcp_kernel_check.sh [results folder] [shapes]
-#   1. the kernel's GPU tests (tests/ops/test_dcp_fused.py -m gpu: bf16 shapes with and without documents, r = 16 ..
+#   1. the kernel's GPU tests (tests/ops/dcp/test_dcp_fused.py -m gpu: bf16 shapes with and without documents, r = 16 ..
 #      128, 2x2048 and 1x4096 judged against float64 on the bf16-rounded inputs, clamps active, fp16/fp32, head
 #      groups, NaN-poisoned buffers and determinism), in two processes so that Triton's compilation overlaps, and
 #      in a third the Selective kernel's GPU tests (the DCP kernels are built from the @triton.jit steps of
@@ -18,5 +18,5 @@
 set -uo pipefail
 source benchmarks/fused_kernel_check.sh
 fused_kernel_check "${1:-dcp_fused_results}" "${2:-8x2048,4x4096,2x8192,1x16384}" dcp \
-    "tests/ops/test_dcp_fused.py tests/ops/test_selective_fused.py" \
+    "tests/ops/dcp/test_dcp_fused.py tests/ops/selective/test_selective_fused.py" \
     "DCP_PREFIX=dot" "DCP_BWD_KV_STAGES=2" "SEL_HEAD_GROUPS=3" "DCP_BWD_BT=64" "DCP_BWD_Q_STAGES=3"

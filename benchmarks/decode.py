@@ -27,7 +27,7 @@ the graph are counted when the profiler sees them (CUPTI reports graph kernels i
 the row says so instead of printing zeros. Caveat of naming: the naive cached attention of a decode step is two
 einsums (batched GEMMs, in "matmul") around a softmax ("softmax/reduce"), the fused one two Triton kernels
 (_decode_attn_*, in "attention"), and the composite RMSNorm is pow/mean/rsqrt/mul (only the rsqrt lands in "norm");
-"attention" holds fused attention kernels only. With the fused step ops (ops/decode_step, taken with the fused op) a
+"attention" holds fused attention kernels only. With the fused step ops (ops/decode/step, taken with the fused op) a
 norm is one kernel (_add_rms_norm, "norm"), a new token's RoPE and cache writes one ("cache write"), SwiGLU's
 activation one (_silu_mul, "elementwise"), and a layer's attention with FPA's bias two (_step_attn, "attention");
 each row records the step's attention per layer kind under "step_attention" (e.g. "fused_step"). The rows of ``--json`` carry the

@@ -5,7 +5,7 @@
 #   fused_kernel_check OUT SHAPES METHOD "TEST_FILE [OTHER_TEST_FILE ...]" [KNOBS ...]
 #   1. the GPU tests (-m gpu): TEST_FILE in two processes so that Triton's compilation overlaps, its bf16 shapes
 #      (OUT/tests_shapes.log) and the rest (OUT/tests_rest.log), and each other file in one more
-#      (OUT/tests_NAME.log for tests/ops/test_NAME_fused.py), each process cut at TEST_LIMIT_S (default 300) s;
+#      (OUT/tests_NAME.log for tests/ops/NAME/test_NAME_fused.py), each process cut at TEST_LIMIT_S (default 300) s;
 #   2. benchmarks/attention.py at SHAPES: METHOD (SDPA over the materialised (B, 1, T, T) bias) against
 #      METHOD-fused, every time also as a ratio to SDPA-flash from the same process (OUT/timing.log);
 #   3. the A/B: METHOD-fused once per KNOBS (environment assignments such as "SEL_PREFIX=scan"), each in its own

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The fused FPA kernel's GPU check in one command (about 8 minutes on one H200), a short table last:
-#   1. the GPU tests of tests/ops/test_fpa_fused.py (in five processes by variant, so that Triton's compilation
+#   1. the GPU tests of tests/ops/fpa/test_fpa_fused.py (in five processes by variant, so that Triton's compilation
 #      overlaps), the backend wiring test, and each candidate's tests on its patched copy
 #      (benchmarks/candidates/*.patch), all in parallel;
 #   2. benchmarks/attention.py: SDPA-flash, FPA dense and with skipping, and each variant (query, dipsum, docs);
@@ -16,7 +16,7 @@ limit=${TEST_LIMIT_S:-390}  # each test process: a hang must not eat the timing 
 # one pytest process per group of kernels to compile: Triton's compilation is single-threaded per process
 for group in "default_shapes:not variant and bf16_random_shapes" "default_rest:not variant and not bf16_random_shapes" \
              "query:variant and query" "dipsum:variant and dipsum" "docs:variant and docs and not query and not dipsum"; do
-    timeout "$limit" python3 -m pytest -q -m gpu -p no:cacheprovider tests/ops/test_fpa_fused.py -k "${group#*:}" \
+    timeout "$limit" python3 -m pytest -q -m gpu -p no:cacheprovider tests/ops/fpa/test_fpa_fused.py -k "${group#*:}" \
         > "$out/tests_${group%%:*}.log" 2>&1 &
     pids+=($!)
 done

@@ -42,7 +42,7 @@ measured_fit() {  # measured_fit OUT CONFIG STEPS ARGS...
         --trainer.callbacks.out="$out" --trainer.callbacks.warmup=$((steps / 3)) "$@"
 }
 
-part gpu_tests python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu tests/ops/test_fox_flex.py
+part gpu_tests python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu tests/ops/fox/test_fox_flex.py
 part compile python3 benchmarks/train_throughput.py --configs fpa fox sdpa --variants base compile --steps 40 \
     --warmup 15 --tokenizer "$tok" --json "$results/compile.json"
 part document_mask python3 benchmarks/train_throughput.py --configs fpa fox sdpa --variants document_mask \

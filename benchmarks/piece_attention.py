@@ -1,4 +1,4 @@
-"""FPA piece attention benchmark (GPU): the fused kernel (fpa_lightning/ops/fpa_piece) over a KV cache shaped as
+"""FPA piece attention benchmark (GPU): the fused kernel (fpa_lightning/ops/fpa/piece) over a KV cache shaped as
 scoring with real eviction leaves it, against SDPA-flash over the same queries and every slot (no bias, no mask).
 
     PYTHONPATH=. python benchmarks/piece_attention.py [--pieces 512,2048,8192] [--past 8192,16384] [--H 12] [--D 64]
@@ -26,7 +26,7 @@ import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from fpa_lightning.ops.common import FAR
-from fpa_lightning.ops.fpa_piece import fused
+from fpa_lightning.ops.fpa.piece import fused
 
 
 def bench(fn, *, warmup=10, rep=50):

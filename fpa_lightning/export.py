@@ -27,8 +27,9 @@ from fpa_lightning.model import Decoder
 WEIGHTS, CONFIG, PROVENANCE = "model.safetensors", "config.json", "checkpoint.json"
 CARD_MARKER = "<!-- model card written by fpa-lightning's eval.py export: --overwrite may replace it -->"
 LEGACY_CARD = "Exported by `eval.py export` from"  # the cards written before CARD_MARKER open with this line
-MODEL_TYPE = "fpa_lightning"
-PREFIX = "model."  # FPAForCausalLM holds the Decoder as .model
+MODEL_TYPE = "fpa_lightning"  # config.json's model_type (``fpa_lightning.hf.FPAConfig``)
+# the Decoder's weights in a state dict: FPAForCausalLM and modules.LanguageModel hold it as .model
+PREFIX = "model."
 # fields that choose how the same function is computed or trained, not which function: they may differ between an
 # export and the config that continues training it
 RUNTIME_FIELDS = {"max_seq_len", "init_std"}

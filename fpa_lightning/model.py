@@ -109,7 +109,7 @@ class Decoder(nn.Module):
         """``features_with`` for one token per row, input_ids (B,) -> (B, C), with each residual add fused into the
         norm after it, ``add_rms_norm(x, delta, weight, eps) -> (x + delta, RMSNorm(x + delta))`` (delta None: no
         add), and SwiGLU's activation given as ``silu_mul``: the fused decoding step's form
-        (``fpa_lightning.generation``; ops/decode_step has both ops, naive and fused). The same maths: with the naive
+        (``fpa_lightning.generation``; ops/decode/step has both ops, naive and fused). The same maths: with the naive
         ops its result equals ``features_with``'s."""
         norms = [norm for block in self.blocks for norm in (block.attn_norm, block.mlp_norm)] + [self.norm]
         x, h = add_rms_norm(self.embed(input_ids), None, norms[0].weight, norms[0].eps)  # (B, C) each

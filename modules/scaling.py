@@ -22,6 +22,7 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.strategies import FSDPStrategy
 
 from fpa_lightning import Decoder
+from fpa_lightning.export import PREFIX
 from fpa_lightning.model import Block
 
 
@@ -103,7 +104,7 @@ def whole_decoder(trainer: Trainer, module: LightningModule) -> Iterator[Decoder
     with torch.device(module.device):
         copy = Decoder(module.model.cfg)
     missing, unexpected = copy.load_state_dict(
-        {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}, strict=False)
+        {k.removeprefix(PREFIX): v for k, v in state.items() if k.startswith(PREFIX)}, strict=False)
     tied = {"lm_head.weight"} if module.model.cfg.tie_embeddings else set()
     if set(missing) - tied or unexpected:
         raise RuntimeError(f"gathering the FSDP model failed: missing {missing}, unexpected {unexpected}")

@@ -5,8 +5,8 @@
 #   bash benchmarks/candidates/ab.sh test DIR | time DIR LOG [shapes] [methods]
 # tree: copies the library, the benchmarks and the kernel tests into a temporary folder and applies the patch there.
 # test: the GPU tests of the default variant on that copy (-x: a failure stops the A/B before any timing); AB_TESTS
-# (test files) replaces them for a candidate of another op, e.g. AB_TESTS="tests/ops/test_dcp_fused.py
-# tests/ops/test_selective_fused.py" bash benchmarks/candidates/ab.sh PATCH "" dcp-fused,selective-fused.
+# (test files) replaces them for a candidate of another op, e.g. AB_TESTS="tests/ops/dcp/test_dcp_fused.py
+# tests/ops/selective/test_selective_fused.py" bash benchmarks/candidates/ab.sh PATCH "" dcp-fused,selective-fused.
 # time: benchmarks/attention.py in that copy, in its own process; every number is a ratio to SDPA-flash measured in
 # the same process. The full run times the base the same way and prints base and candidate side by side.
 # Adopt only what is faster on the GPU, and log the A/B in benchmarks/KERNEL_LOG.md.
@@ -32,7 +32,7 @@ run_tests() {
         # shellcheck disable=SC2086 (a list of test files)
         (cd "$1" && PYTHONPATH=. python3 -m pytest -q -x -m gpu -p no:cacheprovider $AB_TESTS)
     else
-        (cd "$1" && PYTHONPATH=. python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/ops/test_fpa_fused.py -k "not variant")
+        (cd "$1" && PYTHONPATH=. python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/ops/fpa/test_fpa_fused.py -k "not variant")
     fi
 }
 

@@ -43,7 +43,7 @@ PAIR_OPS: dict[str, tuple[str, int, int]] = {
     # accumulations into a_s, c_t and κ[J, I], each a multiply by its exponential factor and an add (6) = 19.
     # The dip-sum ablation does the same count of ops per pair (a dip, min(0, ·), a running sum, × β, + logit).
     "fpa": ("per head", 6, 19),
-    # FoX (ops/fox.py): b[t, s] = c_t − c_s of the running log-gate sums (1), + the logit (1); backward, dS into
+    # FoX (ops/fox/naive.py): b[t, s] = c_t − c_s of the running log-gate sums (1), + the logit (1); backward, dS into
     # dc_t and into dc_s (2 accumulations).
     "fox": ("per head", 2, 2),
     # Selective Attention (ops/selective/naive.py), after the selecting head's q0·k0 (a matmul term, below):

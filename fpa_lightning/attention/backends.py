@@ -11,25 +11,23 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from fpa_lightning.attention.base import AttentionBackend
-from fpa_lightning.ops.alibi import alibi_cumulative, alibi_slopes
 from fpa_lightning.ops.common import FAR, FREE, at_least_fp32, cumsum_within_documents, document_first_tokens
 from fpa_lightning.ops.dcp import dcp_attention_fused, dcp_bias, dcp_bias_block, log_keep
-from fpa_lightning.ops.dcp.fused import HEAD_DIMS as DCP_FUSED_HEAD_DIMS
 from fpa_lightning.ops.dcp.fused import INTERACTION_DIMS as DCP_FUSED_INTERACTION_DIMS
-from fpa_lightning.ops.fox import fox_bias, fox_bias_block
-from fpa_lightning.ops.fox_flex import fox_flex_attention
+from fpa_lightning.ops.fox.alibi import alibi_cumulative, alibi_slopes
+from fpa_lightning.ops.fox.flex import fox_flex_attention
+from fpa_lightning.ops.fox.naive import fox_bias, fox_bias_block
 from fpa_lightning.ops.fpa.chunked import fpa_bias_block
-from fpa_lightning.ops.fpa.fused import HEAD_DIMS as FPA_FUSED_HEAD_DIMS
 from fpa_lightning.ops.fpa.fused import fpa_attention as fused_fpa_attention
 from fpa_lightning.ops.fpa.naive import fpa_bias
-from fpa_lightning.ops.fpa_piece import fused as fpa_piece, path_min_after
+from fpa_lightning.ops.fpa.piece import fused as fpa_piece, path_min_after
+from fpa_lightning.ops.kernel_inputs import HEAD_DIMS as FUSED_HEAD_DIMS
 from fpa_lightning.ops.selective import (
     selection_scores,
     selective_attention_fused,
     selective_bias,
     selective_bias_block,
 )
-from fpa_lightning.ops.selective.fused import HEAD_DIMS as SELECTIVE_FUSED_HEAD_DIMS
 
 
 def fp32_linear(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -80,7 +78,8 @@ def _running_sum(values: torch.Tensor, segment_ids: torch.Tensor | None) -> torc
     differences are the same either way; the restart keeps the values as small as in a lone document.
 
     The sum runs over the innermost dimension of a (B, H, T) copy: along an outer dimension CUDA's scan walks all T
-    steps in one thread per (b, h), which cost 8.6 ms of a 110M training step at 16 × 2048 (BENCHMARKS.md)."""
+    steps in one thread per (b, h), a large share of a training step (BENCHMARKS.md, "Whole-model training
+    throughput (H200)")."""
     if segment_ids is not None:
         return cumsum_within_documents(values, segment_ids)
     return values.transpose(1, 2).contiguous().cumsum(dim=-1).transpose(1, 2)  # (B, T, H), strides of (B, H, T)
@@ -151,7 +150,7 @@ class FpaBackend(AttentionBackend):
     fused_vmappable = True  # the kernel's vmap rule folds the mapped axis into its heads
     # every variant is fused (reduction min or dipsum, level key or query; "none" and the stack form are key levels
     # computed in `ingredients`): only the head dim can rule the kernel out
-    fused_head_dims = FPA_FUSED_HEAD_DIMS
+    fused_head_dims = FUSED_HEAD_DIMS
 
     def __init__(self, cfg, d_model, n_head, head_dim):
         super().__init__(cfg, d_model, n_head, head_dim)
@@ -285,7 +284,7 @@ def _piece_path_min(stored: torch.Tensor, phi: torch.Tensor, key_pos: torch.Tens
     scatter. A longer piece does not scan all S slots: a key older than the piece sees every query, so its minimum
     is min(m_s, running min of φ), and only the piece's own n keys need a scan, an (n, n) table scattered into their
     slots (a scan over (n, S) was the largest cost of scoring with real eviction: BENCHMARKS.md, "Scoring with real
-    eviction")."""
+    eviction (H200)")."""
     n = phi.shape[-1]
     if n == 1:
         before = key_pos < query_pos[:, None, :]  # (B, H, S): the query moves every key older than itself
@@ -302,7 +301,7 @@ class SelectiveBackend(AttentionBackend):
 
     has_bias = True
     fused_needs_cuda = True
-    fused_head_dims = SELECTIVE_FUSED_HEAD_DIMS
+    fused_head_dims = FUSED_HEAD_DIMS
 
     def ingredients(self, x, q, k, segment_ids=None):
         # under document masking every document's first token is never selected (the BOS rule, per document)
@@ -319,7 +318,7 @@ class SelectiveBackend(AttentionBackend):
         return selective_bias_block(ingredients["q0"], ingredients["k0"], lo, hi, carry, self.scale, first_tokens)
 
     def fused(self, q, k, v, ingredients, segment_ids=None):
-        # the Triton kernel: the (T, T) bias is never materialised (BENCHMARKS.md, "Attention kernels")
+        # the Triton kernel: the (T, T) bias is never materialised (BENCHMARKS.md, "Attention kernels (H200)")
         return _fused_selective(q, k, v, scale=self.scale, segment_ids=segment_ids)
 
     # decoding: per cached key its selection so far F_s = Σ_{t'<t} S[t', s], one scalar for all heads
@@ -368,7 +367,7 @@ class DcpBackend(AttentionBackend):
     def own_bias_block(self, ingredients, lo, hi, carry):
         return dcp_bias_block(ingredients["qi"], ingredients["ki"], ingredients["offset"], lo, hi, carry)
 
-    fused_head_dims = DCP_FUSED_HEAD_DIMS
+    fused_head_dims = FUSED_HEAD_DIMS
 
     def fused_unsupported_reason(self):
         if self.cfg.dcp_dim not in DCP_FUSED_INTERACTION_DIMS:

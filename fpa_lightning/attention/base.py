@@ -21,10 +21,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from fpa_lightning.ops.alibi import alibi_cumulative, alibi_decode_bias, alibi_slopes
 from fpa_lightning.ops.blockwise import blockwise_attention
 from fpa_lightning.ops.common import dense_attention, same_document
-from fpa_lightning.ops.fox import fox_bias, fox_bias_block
+from fpa_lightning.ops.fox.alibi import alibi_cumulative, alibi_decode_bias, alibi_slopes
+from fpa_lightning.ops.fox.naive import fox_bias, fox_bias_block
 
 Ingredients = dict[str, torch.Tensor]
 DecodeState = dict[str, torch.Tensor]
@@ -252,18 +252,18 @@ class AttentionBackend(nn.Module):
 
     @property
     def has_step_kernel(self) -> bool:
-        """True when the decoding step's fused ops (``fpa_lightning.ops.decode_step``) make this layer's bias and
+        """True when the decoding step's fused ops (``fpa_lightning.ops.decode.step``) make this layer's bias and
         eviction in the pass that reads the keys: a layer without any bias (softmax, with RoPE or none), or FPA at the
         key level with the min reduction, no ALiBi and float32 gate maps."""
         return not self.has_bias and not self.alibi
 
     def step_gate(self, x: torch.Tensor, cache) -> dict:
-        """For a backend with ``has_step_kernel``: the gate-map arguments of ``store_token`` (ops/decode_step) for one
+        """For a backend with ``has_step_kernel``: the gate-map arguments of ``store_token`` (ops/decode/step) for one
         new token per row, x (B, C) the layer's normed input; none for a layer without a bias."""
         return {}
 
     def step_bias(self, cache, phi: torch.Tensor | None) -> dict:
-        """For a backend with ``has_step_kernel``: the bias arguments of ``step_attention`` (ops/decode_step), phi
+        """For a backend with ``has_step_kernel``: the bias arguments of ``step_attention`` (ops/decode/step), phi
         (B, H) being what ``store_token`` returned; none for a layer without a bias."""
         return {}
 

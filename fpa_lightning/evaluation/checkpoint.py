@@ -21,11 +21,9 @@ from dataclasses import dataclass, field
 import torch
 
 from fpa_lightning.config import ModelConfig
-from fpa_lightning.export import (CONFIG, export_config, export_provenance, export_weights, is_export_folder,
-                                  load_weights)
+from fpa_lightning.export import (CONFIG, PREFIX, export_config, export_provenance, export_weights,
+                                  is_export_folder, load_weights)
 from fpa_lightning.model import Decoder
-
-PREFIX = "model."
 
 
 class CheckpointError(ValueError):

@@ -27,7 +27,7 @@ from lm_eval.api.model import LM
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from fpa_lightning.evaluation.scoring import Runtime
-from fpa_lightning.generation import DecodeSession
+from fpa_lightning.generation import DecodeSession, decode_tokens
 from fpa_lightning.model import Decoder
 
 DEFAULT_MAX_GEN_TOKS = 256
@@ -87,12 +87,10 @@ def greedy_tokens(decoder: Decoder, prompt: list[int], max_new_tokens: int, runt
     session = DecodeSession(decoder)
     tokens: list[int] = []
     with runtime.autocast():
-        logits = session.prefill([torch.tensor(prompt, device=runtime.device)], max_new_tokens)  # (1, V)
-        while len(tokens) < max_new_tokens:
-            tokens.append(int(logits.argmax(-1)))
-            if stop(tokens) or len(tokens) == max_new_tokens:
+        for token in decode_tokens(session, [torch.tensor(prompt, device=runtime.device)], max_new_tokens):
+            tokens.append(int(token))
+            if stop(tokens):
                 break
-            logits = session.step(torch.tensor([tokens[-1]], device=runtime.device))
     return tokens
 
 

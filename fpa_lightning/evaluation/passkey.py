@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fpa_lightning.generation import DecodeSession, PruneRule
+from fpa_lightning.generation import DecodeSession, PruneRule, decode_tokens
 from fpa_lightning.model import Decoder
 
 INTRO = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
@@ -116,11 +116,5 @@ def decode_trial(decoder: Decoder, trial: PasskeyTrial, rule: PruneRule) -> tupl
     """Greedy decoding of the answer through the KV cache under `rule` (keys evicted for good): whether it is the
     key, and the cache's statistics at the end (``DecodeSession.stats``: kept fraction, cache bytes, ...)."""
     session = DecodeSession(decoder, rule=rule)
-    steps = trial.answer.numel()
-    logits = session.prefill([trial.input_ids[: trial.prompt_len]], max_new_tokens=steps)
-    answer = []
-    for i in range(steps):
-        answer.append(logits.argmax(dim=-1))
-        if i + 1 < steps:
-            logits = session.step(answer[-1])
-    return bool(torch.equal(torch.cat(answer).cpu(), trial.answer)), session.stats()
+    answer = torch.cat(list(decode_tokens(session, [trial.input_ids[: trial.prompt_len]], trial.answer.numel())))
+    return bool(torch.equal(answer.cpu(), trial.answer)), session.stats()

@@ -1,7 +1,9 @@
-"""``generate``: continue prompts with a KV cache (``DecodeSession``), greedy or sampled, optionally evicting keys."""
+"""``generate``: continue prompts with a KV cache (``DecodeSession``), greedy or sampled, optionally evicting keys;
+``decode_tokens``: the decoding loop under it and under evaluation's greedy decoders."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -48,6 +50,19 @@ def as_prompts(input_ids, vocab_size: int) -> list[torch.Tensor]:
     return [row.long() for row in rows]
 
 
+def decode_tokens(session: DecodeSession, prompts: list[torch.Tensor], max_new_tokens: int,
+                  choose: Callable[[torch.Tensor], torch.Tensor] = next_tokens) -> Iterator[torch.Tensor]:
+    """The decoding loop: prefill the prompts, then yield up to ``max_new_tokens`` tokens (B,), each chosen from the
+    logits (B, V) by ``choose`` (greedy by default) and fed back as the next step's input. A caller that has what it
+    needs leaves the loop: no step is run for a token it does not take."""
+    logits = session.prefill(prompts, max_new_tokens)
+    for i in range(max_new_tokens):
+        token = choose(logits)
+        yield token
+        if i + 1 < max_new_tokens:
+            logits = session.step(token)
+
+
 @torch.no_grad()
 def generate(model, input_ids, max_new_tokens: int, *, temperature: float = 0.0, top_k: int | None = None,
              top_p: float | None = None, prune_threshold: float | None = None, eos_id: int | None = None,
@@ -66,7 +81,7 @@ def generate(model, input_ids, max_new_tokens: int, *, temperature: float = 0.0,
     Returns the prompts followed by the new tokens, in the form of the input: (B, T + n) or (T + n,) for a tensor
     (n ≤ max_new_tokens: fewer when every row ended early), a list of 1-D tensors (each up to its first eos_id)
     for a list. With ``return_stats=True``, ``(ids, stats)``: the cache's ``kept_fraction`` and ``cache_bytes``
-    (``DecodeSession.stats``) and timings.
+    (``DecodeSession.stats``) and timings (the prefill's up to the first new token).
     """
     decoder = as_decoder(model)
     vocab = decoder.cfg.vocab_size
@@ -82,23 +97,26 @@ def generate(model, input_ids, max_new_tokens: int, *, temperature: float = 0.0,
         raise ValueError(f"the generator is on {generator.device}, the model on {session.device}: "
                          f"use torch.Generator(device={str(session.device)!r})")
 
-    started = _now(session.device)
-    logits = session.prefill(prompts, max_new_tokens)
-    prefilled = _now(session.device)
     done = torch.zeros(len(prompts), dtype=torch.bool, device=session.device)
-    new: list[torch.Tensor] = []
-    for i in range(max_new_tokens):
+
+    def choose(logits: torch.Tensor) -> torch.Tensor:
         token = next_tokens(logits, temperature, top_k, top_p, generator)
         if eos_id is not None:
             token = token.masked_fill(done, eos_id)
-            done |= token == eos_id
+            done.logical_or_(token == eos_id)
+        return token
+
+    started = _now(session.device)
+    prefilled = None
+    new: list[torch.Tensor] = []
+    for i, token in enumerate(decode_tokens(session, prompts, max_new_tokens, choose)):
+        if prefilled is None:
+            prefilled = _now(session.device)
         new.append(token)
-        if i + 1 == max_new_tokens:
-            break
         if eos_id is not None and i % EOS_CHECK_EVERY == EOS_CHECK_EVERY - 1 and done.all():
             break
-        logits = session.step(token)
     finished = _now(session.device)
+    prefilled = finished if prefilled is None else prefilled
 
     tokens = torch.stack(new, dim=1) if new else torch.empty(len(prompts), 0, dtype=torch.long, device=session.device)
     ids = _with_prompts(input_ids, prompts, tokens, eos_id)

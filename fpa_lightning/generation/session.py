@@ -24,17 +24,16 @@ from fpa_lightning.generation.cache import FREE, KVCache, LayerCache
 from fpa_lightning.generation.rule import KeptStats, PruneRule, PruningHook, check_rule
 from fpa_lightning.model import Decoder
 from fpa_lightning.ops.decode import cached_attention, decode_attention_op
-from fpa_lightning.ops.decode_step import fused as step_ops
 from fpa_lightning.ops.decode.fused import unsupported_reason as fused_decode_unsupported
+from fpa_lightning.ops.decode.step import fused as step_ops
 
 ATTENTION_IMPLS = ("auto", "naive", "fused")
 
 SLOT_MULTIPLE = 64  # capacities are rounded up to this many slots (aligned matmuls, fewer resizes)
 PIECE_TOKENS = {"fpa_piece": 8192, "other": 512}
 """``cached_token_losses``' default piece: FPA's piece kernel holds no (n, S) tensor, so a long piece costs memory
-only for the model's activations and logits (8192-token books on an H200: 69.8k tokens/s in pieces of 8192,
-42.9k in pieces of 2048; BENCHMARKS.md, "Scoring with real eviction"); the einsums and the decode op hold several
-(B, H, n, S) temporaries, so 512 rows of them."""
+only for the model's activations and logits, and the longest pieces scored fastest (BENCHMARKS.md, "Scoring with real
+eviction (H200)"); the einsums and the decode op hold several (B, H, n, S) temporaries, so 512 rows of them."""
 
 
 def _round_up(n: int, multiple: int = SLOT_MULTIPLE) -> int:
@@ -113,7 +112,7 @@ def _resolve_piece_attention(impl: str, step_impl: str, decoder: Decoder, rule: 
 
 
 def _resolve_step_attention(step_impl: str, decoder: Decoder, rule: PruneRule | None, track_kept: bool) -> list[str]:
-    """Per layer, the attention of a single-token step: "fused_step" (ops/decode_step: bias, path minimum and
+    """Per layer, the attention of a single-token step: "fused_step" (ops/decode/step: bias, path minimum and
     eviction made in the kernel that reads the keys) where the step's ops are fused, the layer's backend has
     ``has_step_kernel``, the rule is a threshold (or none) and no kept fraction is counted; else the step's op
     ("fused": the decode op over a bias made by torch ops; "naive": the einsums)."""
@@ -181,7 +180,7 @@ class DecodeSession:
     where the einsums make one batched matmul: docs/generation.md) and the decode op under "fused". The choices
     are ``attention_impl_used`` (steps) and ``piece_attention_impl_used`` (pieces: the layers' choices joined by
     "+", e.g. "fpa_piece+naive" for a model with FPA and softmax layers). Under "fused" a single-token step runs the
-    step's fused ops (ops/decode_step: norms, RoPE and cache writes, and for layers without a bias or of FPA at the
+    step's fused ops (ops/decode/step: norms, RoPE and cache writes, and for layers without a bias or of FPA at the
     key level, the bias and eviction inside the attention's kernel); each layer's attention in a step is in
     ``step_impls`` ("fused_step", "fused" or "naive"), joined in ``step_attention_impl_used``.
     """
@@ -432,7 +431,7 @@ class DecodeSession:
     # --- one token per row --------------------------------------------------------------------------------
     def _step(self, ids: torch.Tensor) -> torch.Tensor:
         """ids (B,) -> logits (B, V), static shapes throughout (the body a CUDA graph captures). With the fused op
-        ("fused"), the step runs the fused step ops (ops/decode_step): a layer launches 10 kernels, norms, RoPE,
+        ("fused"), the step runs the fused step ops (ops/decode/step): a layer launches 10 kernels, norms, RoPE,
         cache writes and FPA's bias included (docs/generation.md, "The decoding step")."""
         if self.attention_impl_used == "fused":
             positions = self.cache.next_pos  # (B,), read by every layer before it advances

@@ -8,8 +8,9 @@ package is not installed; ``export.save_export`` writes the folder of ``eval.py 
 """
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from fpa_lightning.export import MODEL_TYPE
 from fpa_lightning.hf.cache import FPACache
-from fpa_lightning.hf.config import MODEL_TYPE, FPAConfig
+from fpa_lightning.hf.config import FPAConfig
 from fpa_lightning.hf.modeling import FPAForCausalLM
 
 AutoConfig.register(MODEL_TYPE, FPAConfig, exist_ok=True)

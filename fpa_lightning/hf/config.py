@@ -15,8 +15,7 @@ from transformers import PretrainedConfig
 
 from fpa_lightning.attention import AttentionConfig
 from fpa_lightning.config import ModelConfig
-
-MODEL_TYPE = "fpa_lightning"
+from fpa_lightning.export import MODEL_TYPE
 INSTALLED = "fpa_lightning.hf.config"  # this module's name in the package; the remote-code copy has another
 
 

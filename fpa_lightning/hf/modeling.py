@@ -23,7 +23,7 @@ from fpa_lightning.generation.rule import check_threshold
 from fpa_lightning.hf.cache import FPACache, check_contiguous
 from fpa_lightning.hf.config import FPAConfig
 from fpa_lightning.model import Block, Decoder
-from fpa_lightning.ops.alibi import alibi_slopes
+from fpa_lightning.ops.fox.alibi import alibi_slopes
 
 IGNORE_INDEX = -100  # transformers' label for positions without a loss
 

@@ -1,5 +1,6 @@
 """Pieces every attention op shares: dense causal attention with an additive bias, the float32 floor for bias
-ingredients, and the finite stand-in for infinity that keeps masked ranges finite (docs/method.md, "Conventions")."""
+ingredients, the finite stand-in for infinity that keeps masked ranges finite (docs/method.md, "Conventions") and the
+other constants the Triton kernels share."""
 from __future__ import annotations
 
 import math
@@ -14,6 +15,8 @@ FAR = 1e30
 
 FREE = -1  # a KV cache slot's key position when it holds no key (generation/cache.py; the FPA piece op reads it)
 
+LOG2E = 1.4426950408889634  # log2(e): the Triton kernels take exp(x) as exp2(x·LOG2E)
+
 
 def at_least_fp32(t: torch.Tensor) -> torch.Tensor:
     """t in float32 at least (float64 stays float64), whatever autocast did to it."""
@@ -22,7 +25,7 @@ def at_least_fp32(t: torch.Tensor) -> torch.Tensor:
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm of x (..., C) over its last dim, statistics in float32 at least, times weight (C,), in x's dtype: the
-    model's norm (``model.RMSNorm``) and the reference of the decoding step's fused norm (ops/decode_step)."""
+    model's norm (``model.RMSNorm``) and the reference of the decoding step's fused norm (ops/decode/step)."""
     wide = at_least_fp32(x)  # statistics in float32 under bf16 autocast
     normed = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + eps)
     return (normed * weight).to(x.dtype)
@@ -31,7 +34,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 def rope_rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """RoPE's rotate-half rotation of x (..., D) by cos and sin tables broadcast to it, in float32 at least, returned
     in x's dtype: the attention layer's RoPE (``attention.layer.RotaryEmbedding``) and the reference of the decoding
-    step's fused one (ops/decode_step)."""
+    step's fused one (ops/decode/step)."""
     wide = at_least_fp32(x)
     first, second = wide.chunk(2, dim=-1)
     rotated = torch.cat([-second, first], dim=-1)
@@ -40,7 +43,7 @@ def rope_rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """gate_up (..., 2F) -> silu(gate) · up (..., F), the halves in that order: SwiGLU's activation (``model.SwiGLU``)
-    and the reference of the decoding step's fused one (ops/decode_step)."""
+    and the reference of the decoding step's fused one (ops/decode/step)."""
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
 

@@ -1,6 +1,7 @@
-"""What the fused Triton ops (FPA, Selective Attention) share around their kernels: the checks of q, k, v, the scale
-and document ids (each op adds the checks of its own inputs; every message starts with the op's name), the
-environment overrides of launch settings that A/B benchmarks use, and triton itself.
+"""What the fused Triton ops share around their kernels: the head dims they are built for, the checks of q, k, v, the
+scale and document ids (each op adds the checks of its own inputs; every message starts with the op's name), their
+output buffers (with the test hook that poisons them), the environment overrides of launch settings that A/B
+benchmarks use, and triton itself.
 
 triton is imported only where a fused kernel is launched (each fused.py's ``load_kernels``): the naive and chunked
 paths need none, and torch's CPU wheel does not bring it, so the package (and an export's remote code) imports
@@ -15,6 +16,21 @@ import os
 import torch
 
 QKV_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+HEAD_DIMS = (16, 32, 64, 128)
+"""Head dims every Triton kernel of ops/ is built for (the attention backends refuse others for impl='fused')."""
+
+# Test hook, for tests only: when True, every output and scratch buffer of a fused op starts as NaN (an integer one as
+# −1), so an element a kernel forgets to write (or a read of one never written) shows up in the result instead of
+# hiding behind torch.empty's leftovers.
+TEST_HOOK_POISON_OUTPUTS = False
+
+
+def empty_output(shape, *, dtype: torch.dtype, device) -> torch.Tensor:
+    """torch.empty for a fused op's output or scratch buffer; NaN (−1 for an integer dtype) under
+    TEST_HOOK_POISON_OUTPUTS."""
+    if TEST_HOOK_POISON_OUTPUTS:
+        return torch.full(shape, float("nan") if dtype.is_floating_point else -1, dtype=dtype, device=device)
+    return torch.empty(shape, dtype=dtype, device=device)
 
 
 def interpreting() -> bool:

@@ -8,7 +8,7 @@ import torch
 from _backend_checks import check_fused_path_matches_dense_bias
 from fpa_lightning import AttentionConfig, Decoder, ModelConfig
 from fpa_lightning.ops.blockwise import blockwise_attention
-from fpa_lightning.ops.fox import fox_bias, fox_bias_block
+from fpa_lightning.ops.fox.naive import fox_bias, fox_bias_block
 from fpa_lightning.ops.fpa.chunked import chunked_fpa_attention
 from fpa_lightning.ops.common import dense_attention
 from fpa_lightning.ops.fpa.naive import naive_fpa_attention

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from _ops_helpers import DEV, check_against_reference, check_written_and_deterministic, documents, max_err, run
-from _ops_helpers import set_head_groups
+from _ops_helpers import poison_outputs, set_head_groups
 
 
 @pytest.mark.parametrize("T", [37, 70])
@@ -28,7 +28,7 @@ def test_documents_with_any_ids_match_reference(op, monkeypatch):
     # same-document pair sums every query between them whatever their documents; the tile walks stay exact for any
     # ids. Scratch buffers start as NaN: the query-major walk reaches pairs beyond the key-major walk's, whose carry
     # entries are unwritten
-    monkeypatch.setattr(op.module, "TEST_HOOK_POISON_OUTPUTS", True)
+    poison_outputs(monkeypatch)
     B, T, H = 2, 61, 2
     inputs, do = op.make_inputs(B, T, H, 16, seed=7)
     # by tiles of 16. Row 0: ids {5, 6} | 0 | {5, 3} | 1: document 5 resumes two tiles later, and key tile 1
@@ -56,7 +56,7 @@ def test_mixed_tile_sizes_match_reference(op, monkeypatch, fwd, bwd, docs):
     # query tiles and key tiles of different sizes (as on the GPU: the key-major backward walks 32-query tiles under
     # 64-key tiles, the query-major one reads its tables at every other row); scratch buffers start as NaN
     monkeypatch.setattr(op.module, "_tiles", lambda: {"fwd": fwd, "bwd": bwd})
-    monkeypatch.setattr(op.module, "TEST_HOOK_POISON_OUTPUTS", True)
+    poison_outputs(monkeypatch)
     B, T, H = 2, 70, 2
     inputs, do = op.make_inputs(B, T, H, 16, seed=31)
     seg = documents(B, T, seed=31, mean_length=11) if docs else None

@@ -16,6 +16,8 @@ from typing import Callable
 import pytest
 import torch
 
+from fpa_lightning.ops import kernel_inputs
+
 HAS_CUDA = torch.cuda.is_available()
 DEV = "cuda" if HAS_CUDA else "cpu"
 
@@ -23,7 +25,7 @@ DEV = "cuda" if HAS_CUDA else "cpu"
 @dataclasses.dataclass(frozen=True)
 class FusedOp:
     """A fused kernel under test: ``fused(*inputs, scale=, segment_ids=)`` and its definition ``naive``, its fused.py
-    (``module``: the test hooks _tiles, _head_groups and TEST_HOOK_POISON_OUTPUTS that tests patch), its inputs
+    (``module``: the test hooks _tiles and _head_groups that tests patch), its inputs
     (``make_inputs(B, T, H, D, *, seed)`` -> float64 inputs on the CPU and dO), the names of the output and of every
     input's gradient, and which inputs stay fp32 in a low-precision run (float64 in a float64 one)."""
 
@@ -93,10 +95,15 @@ def set_head_groups(monkeypatch, op, n):
     monkeypatch.setattr(op.module, "_head_groups", lambda B, H, nJ, device: n)
 
 
+def poison_outputs(monkeypatch):
+    """Every fused op's output and scratch buffers start as NaN (−1 for integers): ``kernel_inputs``'s test hook."""
+    monkeypatch.setattr(kernel_inputs, "TEST_HOOK_POISON_OUTPUTS", True)
+
+
 def check_written_and_deterministic(monkeypatch, op, inputs, do, dtype, device, **kw):
     """Every output and scratch buffer starts as NaN: an element a kernel forgets to write, or a read of a scratch
     entry never written, shows up as NaN; a second run gives the same bits."""
-    monkeypatch.setattr(op.module, "TEST_HOOK_POISON_OUTPUTS", True)
+    poison_outputs(monkeypatch)
     a = run(op.fused, inputs, do, dtype, device, fp32_args=op.fp32_args, **kw)
     b = run(op.fused, inputs, do, dtype, device, fp32_args=op.fp32_args, **kw)
     for name, x, y in zip(op.names, a, b):

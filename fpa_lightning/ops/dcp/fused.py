@@ -29,9 +29,9 @@ DCP_BIAS_PREC overriding that ("tf32", "tf32x3", "ieee"). The offset gradient is
 pairs, so it collects coherently any error that makes a row of dS = P(dP − Δ) sum to other than zero. Hence
 Δ = rowsum(dO·O) is taken from an fp32 output whose P·V product takes P to about 16 bits (P split into two terms in
 v's dtype, one more tensor-core dot per tile, ``_online_softmax``'s SPLIT_P), so that it matches the backward's fp32
-P. The second attempt (KERNEL_LOG.md, "DCP d2") took it from round(P)·V in fp32 and failed at 1 × 4096 in bf16
-with 8.5× PyTorch's offset error; a float64 emulation of that rounding moves the offset gradient by 2.43 of the
-2.81 measured, and tf32 bias sums by up to 0.58 (docs/benchmarks/dcp_d2_2026-12-03/).
+P. The second attempt took it from round(P)·V in fp32 and failed the 2x rule in bf16 on the offset gradient; a
+float64 emulation of that rounding, and of tf32 bias sums, accounts for that error (KERNEL_LOG.md, "Rejected
+candidates", d2).
 """
 from __future__ import annotations
 
@@ -41,23 +41,18 @@ import os
 
 import torch
 
-from fpa_lightning.ops.kernel_inputs import cdiv, require_triton
+from fpa_lightning.ops.kernel_inputs import HEAD_DIMS, cdiv, empty_output, require_triton
 from fpa_lightning.ops.kernel_inputs import QKV_DTYPES, check_device, check_qkv, check_scale, check_segment_ids
 from fpa_lightning.ops.selective import fused as _sel
 
-HEAD_DIMS = (16, 32, 64, 128)
-"""Head dims the kernels are built for."""
 INTERACTION_DIMS = (16, 32, 64, 128)
 """Interaction widths r the kernels are built for."""
 
 OP = "dcp_attention_fused"
 
-# Test hook, for tests only: when True, every output and scratch buffer starts as NaN (see Selective's fused.py).
-TEST_HOOK_POISON_OUTPUTS = False
-
 # Tiles and launch configs: Selective's (``tile_sizes``, ``launch_cfg``) but for two choices of an A/B on an H200
-# (benchmarks/dcp_kernel_check.sh; KERNEL_LOG "DCP d5"): the key-major backward without pipelining (1 stage), and the
-# in-tile prefix and suffix sums as scans for bf16/fp16 q (``_prefix_by_dot``), each about 7 % faster
+# (benchmarks/dcp_kernel_check.sh; KERNEL_LOG.md, "DCP", d5): the key-major backward without pipelining (1 stage),
+# and the in-tile prefix and suffix sums as scans for bf16/fp16 q (``_prefix_by_dot``), each faster
 # forward+backward. DCP_* variables override them (A/B only).
 _LAUNCH = {**_sel._LAUNCH, "bwd_kv": {"num_warps": 4, "num_stages": 1}}
 
@@ -91,15 +86,11 @@ def _launch_cfg(kernel: str, D: int) -> dict:
     return _sel.launch_cfg(kernel, D, "DCP", _LAUNCH)
 
 
-def _empty(shape, *, dtype, device):
-    return _sel.empty_buffer(shape, dtype=dtype, device=device, poison=TEST_HOOK_POISON_OUTPUTS)
-
-
 def _carry_table(qi, ki, offset, T, Tp, BT, BN, QM, cx):
     """CF (B, Tp / BT, Tp) fp32: CF[row, s] = Σ_{t' < row·BT} L[t', s], from the first row a reader needs."""
     B = qi.shape[0]
     nT = Tp // BT
-    cf = _empty((B, nT, Tp), dtype=torch.float32, device=qi.device)
+    cf = empty_output((B, nT, Tp), dtype=torch.float32, device=qi.device)
     load_kernels()._dcp_carry_kernel[(cdiv(T, BN), B)](
         qi, ki, offset, cf, qi.stride(0), qi.stride(1), ki.stride(0), ki.stride(1), T, Tp, nT, cx["rs"],
         BT=BT, BN=BN, QM=QM, R=cx["R"], PREC=cx["PREC"], **_launch_cfg("carry", cx["D"]),
@@ -129,10 +120,10 @@ class _DcpFunction(torch.autograd.Function):
         off = offset.detach().reshape(1).to(torch.float32)
         ids = _sel._document_ids(segment_ids, Tp)[0] if seg else None
         jlo = _sel._tile_bounds(ids, T, BM, BN)[0] if seg else None
-        o = _empty((B, T, H, D), dtype=q.dtype, device=dev)
+        o = empty_output((B, T, H, D), dtype=q.dtype, device=dev)
         store32 = q.dtype != torch.float32
-        lse = _empty((B * H, Tp), dtype=torch.float32, device=dev)
-        o32 = _empty((B, Tp, H, D), dtype=torch.float32, device=dev) if store32 else lse
+        lse = empty_output((B * H, Tp), dtype=torch.float32, device=dev)
+        o32 = empty_output((B, Tp, H, D), dtype=torch.float32, device=dev) if store32 else lse
         cf = _carry_table(qi, ki, off, T, Tp, BM, BN, BM, cx)  # freed after the forward
         dummy = lse  # stands for the tables a variant without documents never reads
         load_kernels()._dcp_fwd_kernel[(cdiv(T, BM), B * H)](
@@ -165,12 +156,12 @@ class _DcpFunction(torch.autograd.Function):
         nT, nJ = Tp // BT, cdiv(T, BN)
         G = _head_groups(B, H, nJ, dev)
         delta = _sel.output_grad_rowsum(do, o32, Tp)  # from the fp32 output (see above)
-        dq, dk, dv = (_empty(t.shape, dtype=t.dtype, device=dev) for t in (q, k, v))
+        dq, dk, dv = (empty_output(t.shape, dtype=t.dtype, device=dev) for t in (q, k, v))
         cf = _carry_table(qi, ki, off, T, Tp, BT, BN, BM, cx)
-        rcp = _empty((B, G, nT, Tp), dtype=torch.float32, device=dev)
-        dkip = _empty((B, G, Tp, R), dtype=torch.float32, device=dev)
-        dqip = _empty((B, G, Tp, R), dtype=torch.float32, device=dev)
-        offp = _empty((B, G, nJ), dtype=torch.float32, device=dev)
+        rcp = empty_output((B, G, nT, Tp), dtype=torch.float32, device=dev)
+        dkip = empty_output((B, G, Tp, R), dtype=torch.float32, device=dev)
+        dqip = empty_output((B, G, Tp, R), dtype=torch.float32, device=dev)
+        offp = empty_output((B, G, nJ), dtype=torch.float32, device=dev)
         strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                    v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
                    qi.stride(0), qi.stride(1), ki.stride(0), ki.stride(1))

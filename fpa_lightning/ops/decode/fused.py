@@ -23,7 +23,7 @@ import functools
 
 import torch
 
-from fpa_lightning.ops.kernel_inputs import cdiv, next_power_of_2, require_triton
+from fpa_lightning.ops.kernel_inputs import HEAD_DIMS, cdiv, empty_output, next_power_of_2, require_triton
 from fpa_lightning.ops.kernel_inputs import (check_cached_qkv, check_device, check_inference_only, check_scale,
                                             env_int)
 from fpa_lightning.ops.kernel_inputs import unsupported_reason as kernel_unsupported_reason
@@ -31,15 +31,8 @@ from fpa_lightning.ops.kernel_inputs import with_env_overrides
 from fpa_lightning.ops.kernel_inputs import interpreting as _interpreting
 
 OP = "decode_attention"
-HEAD_DIMS = (16, 32, 64, 128)
-"""Head dims the kernels are built for."""
-
-# Test hook, for tests only: when True, the output and the scratch start as NaN, so an element a kernel forgets to
-# write (or a read of one never written) shows up in the result instead of hiding behind torch.empty's leftovers.
-TEST_HOOK_POISON_OUTPUTS = False
-
 # GPU launch choices, not yet tuned by an A/B (benchmarks/decode.py with the overrides below; KERNEL_LOG.md, "Decode
-# attention v1"): blocks of 4096 / D slots (64 at D <= 64) on 8 warps at D >= 64 (4 below), 128 registers per thread
+# attention", v1): blocks of 4096 / D slots (64 at D <= 64) on 8 warps at D >= 64 (4 below), 128 registers per thread
 # at D = 64 and 128 in an offline sm_90a compile (Triton 3.9; 4 warps took 197 at D = 64), chunks of at least
 # MIN_CHUNK slots and enough (row, chunk) programs for PROGRAMS_PER_SM on every SM; the combine takes 16 splits at a
 # time on 4 warps. The interpreter: blocks of 8 in chunks of 16 slots, combined 4 splits at a time, so its tiny tests
@@ -69,7 +62,7 @@ def plan_splits(rows: int, S: int, D: int, device: torch.device, *, block_values
     64) slots; the smallest power-of-two chunk >= MIN_CHUNK that still gives about PROGRAMS_PER_SM programs per SM
     (rows · SPLITS), e.g. 1 × 12 heads at S = 8192 on 132 SMs: 256 slots, 32 splits; 8 × 12 at 16384: 4096 slots, 4
     splits. {env}_BLOCK_S and {env}_CHUNK override them (A/B benchmarks). Also the decoding step's attention
-    (ops/decode_step) plans its splits here, with its own block size, environment prefix and op name."""
+    (ops/decode/step) plans its splits here, with its own block size, environment prefix and op name."""
     if _interpreting() or device.type != "cuda":
         block, chunk, sb = _INTERPRETER["block_s"], _INTERPRETER["chunk"], _INTERPRETER["sb"]
     else:
@@ -89,12 +82,6 @@ def _launch_cfg(kernel: str, D: int) -> dict:
         return {}
     cfg = {"num_warps": 8 if kernel == "partial" and D >= 64 else 4, "num_stages": 2}
     return with_env_overrides(cfg, "DECODE", (("num_warps", "WARPS"), ("num_stages", "STAGES")))
-
-
-def _empty(shape, *, dtype, device):
-    if TEST_HOOK_POISON_OUTPUTS:
-        return torch.full(shape, float("nan"), dtype=dtype, device=device)
-    return torch.empty(shape, dtype=dtype, device=device)
 
 
 def unsupported_reason(device: torch.device, head_dim: int, dtype: torch.dtype) -> str | None:
@@ -138,10 +125,10 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: to
     S = k.shape[2]
     rows = B * H * n
     block, chunk, splits, sb = plan_splits(rows, S, D, q.device)
-    out = _empty((B, n, H, D), dtype=v.dtype, device=q.device)
-    m = _empty((rows, splits), dtype=torch.float32, device=q.device)
-    l = _empty((rows, splits), dtype=torch.float32, device=q.device)
-    acc = _empty((rows, splits, D), dtype=torch.float32, device=q.device)
+    out = empty_output((B, n, H, D), dtype=v.dtype, device=q.device)
+    m = empty_output((rows, splits), dtype=torch.float32, device=q.device)
+    l = empty_output((rows, splits), dtype=torch.float32, device=q.device)
+    acc = empty_output((rows, splits, D), dtype=torch.float32, device=q.device)
     vis = visible.view(torch.uint8)  # same strides; a bool pointer is an int1 one in Triton
     if bias is None:
         bias_arg, bias_strides = vis, (0, 0, 0, 0)  # never read

@@ -31,7 +31,7 @@ def _finite(m):
 def online_softmax_block(s, v, m_i, l_i, acc):
     """One block of slots into a split's online softmax: scores s (BLOCK_S,) fp32, −inf where masked, and their
     values v (BLOCK_S, D) -> the running max, sum and unnormalised accumulator (m_i, l_i, acc) after them. Also the
-    decoding step's kernel (ops/decode_step) runs its splits through it."""
+    decoding step's kernel (ops/decode/step) runs its splits through it."""
     m_new = tl.maximum(m_i, tl.max(s, axis=0))
     ref = _finite(m_new)
     alpha = tl.exp(m_i - ref)  # 0 while m_i = −inf (acc and l_i are 0 then)
@@ -44,7 +44,7 @@ def online_softmax_block(s, v, m_i, l_i, acc):
 @triton.jit
 def split_start(split, CHUNK, S, D: tl.constexpr):
     """A split-K program's slots [lo, hi) (split `split` of chunks of CHUNK over S slots) and its empty online
-    softmax (m_i, l_i, acc). Also the decoding step's kernel (ops/decode_step) starts its splits here."""
+    softmax (m_i, l_i, acc). Also the decoding step's kernel (ops/decode/step) starts its splits here."""
     lo = split * CHUNK
     hi = tl.minimum(lo + CHUNK, S)
     return lo, hi, float("-inf"), 0.0, tl.zeros([D], dtype=tl.float32)

@@ -17,8 +17,8 @@ Lengths: the inputs are padded at the end to the next power of two, at least ``M
 every real query, so causality hides them; padded rows are cut off), and the function is compiled for
 static shapes: one graph per (batch, padded length), so prompts of many lengths (pass-key retrieval, long-document
 evaluation) need at most one per power of two (8 cover 128 to 16,384 tokens), and the recompile limit is raised to
-``MAX_GRAPHS`` around the call. Static, not dynamic: compiled with dynamic shapes the same kernel took 10.9 ms
-forward+backward at 8×2048 (H=12, D=64, H200) against 1.86 ms static. Training lengths are powers of two already.
+``MAX_GRAPHS`` around the call. Static, not dynamic: compiled with dynamic shapes the same kernel was several times
+slower (KERNEL_LOG.md, "FoX through FlexAttention"). Training lengths are powers of two already.
 """
 from __future__ import annotations
 

@@ -21,18 +21,10 @@ import math
 import torch
 
 from fpa_lightning.ops.fpa.naive import check_variant
-from fpa_lightning.ops.kernel_inputs import cdiv, require_triton
+from fpa_lightning.ops.kernel_inputs import HEAD_DIMS, cdiv, empty_output, require_triton
 from fpa_lightning.ops.kernel_inputs import check_device, check_qkv, check_scale, check_segment_ids, env_int
 from fpa_lightning.ops.kernel_inputs import with_env_overrides
 from fpa_lightning.ops.kernel_inputs import interpreting as _interpreting
-
-HEAD_DIMS = (16, 32, 64, 128)
-"""Head dims the kernels are built for (the attention backends refuse others for impl='fused')."""
-
-# Test hook, for tests only: when True, every output buffer starts as NaN, so an element a kernel forgets to
-# write shows up in the result instead of hiding behind torch.empty's leftovers.
-TEST_HOOK_POISON_OUTPUTS = False
-
 
 def _block_size() -> int:
     """Rows and columns of a tile: 64 on the GPU, 16 in the interpreter (its tests stay tiny)."""
@@ -45,15 +37,9 @@ def _chunk() -> int:
     return 4 if _interpreting() else 32
 
 
-def _empty(shape, *, dtype, device):
-    if TEST_HOOK_POISON_OUTPUTS:
-        return torch.full(shape, float("nan"), dtype=dtype, device=device)
-    return torch.empty(shape, dtype=dtype, device=device)
-
-
 # One warpgroup (4 warps) per 64-row tile everywhere: at 8 warps Triton lays 64-row tiles out as
-# warpsPerCTA [8, 1], so both warpgroups would compute the same elements (KERNEL_LOG.md, v5).
-# Stages: 3 for the forward and dq kernels, 2 for dk/dv (H200 A/B, KERNEL_LOG.md v7).
+# warpsPerCTA [8, 1], so both warpgroups would compute the same elements (KERNEL_LOG.md, "FPA, the fused kernel", v5).
+# Stages: 3 for the forward and dq kernels, 2 for dk/dv (H200 A/B, KERNEL_LOG.md, "FPA, the fused kernel", v7).
 _LAUNCH = {
     "fwd": {"num_warps": 4, "num_stages": 3},
     "dq": {"num_warps": 4, "num_stages": 3},
@@ -63,10 +49,10 @@ _LAUNCH = {
     "dipsum_bwd": {"num_warps": 4, "num_stages": 2},
     "dphi_sum": {"num_warps": 1, "num_stages": 2},
 }
-# With skipping (KERNEL_LOG.md, v8): the backward tiles run as two sub-tiles of 32 keys (dq) or 32 queries (dk/dv),
-# whose temporaries die in turn, under a register cap of 168, so three blocks fit on an SM. On the H200 this took
-# fwd+bwd with skipping from 1.57/1.12/0.82/0.66x to 1.44/1.02/0.74/0.56x SDPA-flash (8x2k .. 1x16k); without
-# skipping the same change gained nothing (1.84/1.73/1.66/1.67x against 1.85/1.72/1.64/1.59x), so dense keeps v7's.
+# With skipping (KERNEL_LOG.md, "FPA, the fused kernel", v8): the backward tiles run as two sub-tiles of 32 keys (dq)
+# or 32 queries (dk/dv), whose temporaries die in turn, under a register cap of 168, so three blocks fit on an SM. On
+# the H200 this made fwd+bwd with skipping faster at every length; without skipping the same change gained nothing, so
+# dense keeps v7's.
 _LAUNCH_SKIP = {
     "dq": {"num_warps": 4, "num_stages": 2, "maxnreg": 168},
     "dkdv": {"num_warps": 4, "num_stages": 2, "maxnreg": 168},
@@ -164,8 +150,9 @@ def _prep(phi, psi, BS):
     nB = cdiv(T, BS)
     Tp = nB * BS
     BH = B * H
-    # one allocation (host overhead matters at short T, where the forward takes ~0.25 ms)
-    flat = _empty((6 * BH * Tp + 3 * BH * nB,), dtype=torch.float32, device=phi.device)
+    # one allocation: host overhead matters at short T, where the kernels are short (KERNEL_LOG.md, "FPA, the fused
+    # kernel", v6)
+    flat = empty_output((6 * BH * Tp + 3 * BH * nB,), dtype=torch.float32, device=phi.device)
     phip, psip, suf, zsuf, pre, zpre = flat[: 6 * BH * Tp].view(6, BH, Tp).unbind(0)
     bmin, zblk, minsuf = flat[6 * BH * Tp:].view(3, BH, nB).unbind(0)
     load_kernels()._fpa_prep_kernel[(nB, BH)](
@@ -200,7 +187,7 @@ def _segment_tables(segment_ids: torch.Tensor, BS: int, nB: int):
 def _dip_carry(phip, psip, seg_tables, B, H, Tp, nB, cx, skip):
     """Dip-sum's CARRY table (B*H, nB, Tp): C[I, s] = sum over s < u < start of block I of min(0, phi_u - psi_s),
     written for key blocks J < I (up to ihi[J] with segments)."""
-    carry = _empty((B * H, nB, Tp), dtype=torch.float32, device=phip.device)
+    carry = empty_output((B * H, nB, Tp), dtype=torch.float32, device=phip.device)
     ihi = seg_tables[2] if seg_tables is not None else phip
     _launch("dip_carry", (nB, B * H), cx, skip, phip, psip, carry, ihi, H, Tp, nB)
     return carry
@@ -222,10 +209,10 @@ class _FPAFunction(torch.autograd.Function):
         cx = _constexprs(D, q.dtype, skip=skip, level=level, reduction=reduction, segments=seg_tables is not None)
         prep = _prep(phi, psi, BS)
         phip, psip, suf, zsuf, pre, zpre, bmin, zblk, minsuf = prep
-        o = _empty((B, T, H, D), dtype=q.dtype, device=q.device)
-        lse = _empty((B * H, Tp), dtype=torch.float32, device=q.device)
+        o = empty_output((B, T, H, D), dtype=q.dtype, device=q.device)
+        lse = empty_output((B * H, Tp), dtype=torch.float32, device=q.device)
         need_grad = any(ctx.needs_input_grad[:6])
-        o32 = _empty((B * H, Tp, D), dtype=torch.float32, device=q.device) if need_grad else lse
+        o32 = empty_output((B * H, Tp, D), dtype=torch.float32, device=q.device) if need_grad else lse
         # the dip-sum table is recomputed in the backward rather than kept: it is (B*H, nB, Tp)
         carry = _dip_carry(phip, psip, seg_tables, B, H, Tp, nB, cx, skip) if reduction == "dipsum" else lse
         segp, jlo, _ = seg_tables if seg_tables is not None else (lse, lse, lse)
@@ -258,19 +245,19 @@ class _FPAFunction(torch.autograd.Function):
         segp, jlo, ihi = ctx.seg_tables if ctx.seg_tables is not None else (lse, lse, lse)
         if do.stride(-1) != 1:
             do = do.contiguous()
-        dq = _empty(q.shape, dtype=q.dtype, device=dev)
-        dk = _empty(k.shape, dtype=k.dtype, device=dev)
-        dv = _empty(v.shape, dtype=v.dtype, device=dev)
-        delta = _empty((BH, Tp), dtype=torch.float32, device=dev)
+        dq = empty_output(q.shape, dtype=q.dtype, device=dev)
+        dk = empty_output(k.shape, dtype=k.dtype, device=dev)
+        dv = empty_output(v.shape, dtype=v.dtype, device=dev)
+        delta = empty_output((BH, Tp), dtype=torch.float32, device=dev)
         # min: a_s partials per (query block I, key position s), only J < I written and read;
         # dip-sum: dphi partials per (key block J, position u), only J <= block of u
-        partial = _empty((BH, nB, Tp), dtype=torch.float32, device=dev)
-        csum = _empty((BH, Tp), dtype=torch.float32, device=dev) if not dipsum else lse
-        kappa = _empty((BH, nB, nB), dtype=torch.float32, device=dev) if not dipsum else lse
+        partial = empty_output((BH, nB, Tp), dtype=torch.float32, device=dev)
+        csum = empty_output((BH, Tp), dtype=torch.float32, device=dev) if not dipsum else lse
+        kappa = empty_output((BH, nB, nB), dtype=torch.float32, device=dev) if not dipsum else lse
         carry = _dip_carry(phip, psip, ctx.seg_tables, B, H, Tp, nB, cx, skip) if dipsum else lse
-        dphi = _empty((BH, Tp), dtype=torch.float32, device=dev)
-        dpsi = _empty((BH, Tp), dtype=torch.float32, device=dev)
-        dbeta = _empty((BH, Tp), dtype=torch.float32, device=dev)
+        dphi = empty_output((BH, Tp), dtype=torch.float32, device=dev)
+        dpsi = empty_output((BH, Tp), dtype=torch.float32, device=dev)
+        dbeta = empty_output((BH, Tp), dtype=torch.float32, device=dev)
         qkv_strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                        v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))
         dkdv_strides = (dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2))

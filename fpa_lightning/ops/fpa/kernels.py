@@ -28,7 +28,7 @@ import triton.language as tl
 from fpa_lightning.ops import common
 
 FAR = tl.constexpr(common.FAR)
-LOG2E = tl.constexpr(1.4426950408889634)
+LOG2E = tl.constexpr(common.LOG2E)
 
 
 @triton.jit

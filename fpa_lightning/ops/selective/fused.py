@@ -36,17 +36,10 @@ import os
 import torch
 
 from fpa_lightning.ops.common import document_first_tokens
-from fpa_lightning.ops.kernel_inputs import cdiv, require_triton
+from fpa_lightning.ops.kernel_inputs import HEAD_DIMS, cdiv, empty_output, require_triton
 from fpa_lightning.ops.kernel_inputs import check_device, check_qkv, check_scale, check_segment_ids, env_int
 from fpa_lightning.ops.kernel_inputs import with_env_overrides
 from fpa_lightning.ops.kernel_inputs import interpreting as _interpreting
-
-HEAD_DIMS = (16, 32, 64, 128)
-"""Head dims the kernels are built for."""
-
-# Test hook, for tests only: when True, every output and scratch buffer starts as NaN, so an element a kernel forgets
-# to write (or a read of one never written) shows up in the result instead of hiding behind torch.empty's leftovers.
-TEST_HOOK_POISON_OUTPUTS = False
 
 
 @functools.cache
@@ -60,7 +53,7 @@ def load_kernels():
 
 # Launch configs on the GPU: one warpgroup per tile, as the FPA kernels use; at D = 128 the backward kernels take 8
 # warps (their three (64, 128) fp32 accumulators spill heavily at 4, in an offline sm_90a compile). Tuned by an A/B on
-# an H200 (benchmarks/selective_kernel_check.sh, step 3; KERNEL_LOG "Selective Attention s2"): the query-major
+# an H200 (benchmarks/selective_kernel_check.sh, step 3; KERNEL_LOG.md, "Selective Attention", s2): the query-major
 # backward pipelines 3 stages (2 at D = 128, where 3 need 240 KiB of shared memory, over the H200's 227 KiB); 8 warps,
 # a 128-query forward tile or a scan prefix were slower.
 _LAUNCH = {
@@ -74,8 +67,8 @@ _D128 = {"bwd_kv": {"num_warps": 8}, "bwd_q": {"num_warps": 8, "num_stages": 2}}
 
 PROGRAMS_PER_SM = 16
 """The backward's head groups give at least this many programs per SM (``_head_groups``): one head per program at
-8 × 2048 and 1 × 16384 on an H200 (H = 12), 16–17 % faster than 4 per SM (3 groups) in its A/B; the reverse-carry
-table, stored per group, grows with it (fused.py's docstring)."""
+8 × 2048 and 1 × 16384 on an H200 (H = 12), faster than 4 per SM (3 groups) in its A/B (KERNEL_LOG.md, "Selective
+Attention s2"); the reverse-carry table, stored per group, grows with it (fused.py's docstring)."""
 
 
 def _tiles() -> dict:
@@ -155,17 +148,6 @@ def padded_length(T: int, tiles: dict) -> int:
     return cdiv(T, largest) * largest
 
 
-def empty_buffer(shape, *, dtype, device, poison: bool):
-    """torch.empty, or a tensor of NaN with ``poison`` (an op's TEST_HOOK_POISON_OUTPUTS)."""
-    if poison:
-        return torch.full(shape, float("nan"), dtype=dtype, device=device)
-    return torch.empty(shape, dtype=dtype, device=device)
-
-
-def _empty(shape, *, dtype, device):
-    return empty_buffer(shape, dtype=dtype, device=device, poison=TEST_HOOK_POISON_OUTPUTS)
-
-
 def _document_ids(segment_ids: torch.Tensor, Tp: int):
     """Document ids padded to (B, Tp) int32 (the padding repeats the last id, so tile minima and maxima stay those of
     real positions) and the selectable keys (B, Tp) int8: not a document's first token, nor padding."""
@@ -219,7 +201,7 @@ def _carry_table(q, k, keep, T, Tp, BT, BN, QM, scale, cx):
     tile of QM rows holding key s starts at (earlier rows are never read)."""
     B = q.shape[0]
     nT = Tp // BT
-    cf = _empty((B, nT, Tp), dtype=torch.float32, device=q.device)
+    cf = empty_output((B, nT, Tp), dtype=torch.float32, device=q.device)
     load_kernels()._sel_carry_kernel[(cdiv(T, BN), B)](
         q, k, cf, keep, q.stride(0), q.stride(1), k.stride(0), k.stride(1), T, Tp, nT, scale,
         BT=BT, BN=BN, QM=QM, **cx, **launch_cfg("carry", cx["D"], "SEL"),
@@ -241,8 +223,8 @@ class _SelectiveFunction(torch.autograd.Function):
         dot = _prefix_by_dot()
         ids, keep = _document_ids(segment_ids, Tp) if seg else (None, None)
         jlo = _tile_bounds(ids, T, BM, BN)[0] if seg else None
-        o = _empty((B, T, H, D), dtype=q.dtype, device=dev)
-        lse = _empty((B * H, Tp), dtype=torch.float32, device=dev)
+        o = empty_output((B, T, H, D), dtype=q.dtype, device=dev)
+        lse = empty_output((B * H, Tp), dtype=torch.float32, device=dev)
         dummy = lse  # stands for the tables a variant without documents never reads
         cf = _carry_table(q, k, keep if seg else dummy, T, Tp, BM, BN, BM, scale, cx)  # freed after the forward
         load_kernels()._sel_fwd_kernel[(cdiv(T, BM), B * H)](
@@ -272,11 +254,12 @@ class _SelectiveFunction(torch.autograd.Function):
         nT, nJ = Tp // BT, cdiv(T, BN)
         G = _head_groups(B, H, nJ, dev)
         delta = output_grad_rowsum(do, o, Tp)
-        dq, dk, dv = (_empty(t.shape, dtype=t.dtype, device=dev) for t in (q, k, v))
+        dq, dk, dv = (empty_output(t.shape, dtype=t.dtype, device=dev) for t in (q, k, v))
         cf = _carry_table(q, k, keep, T, Tp, BT, BN, BM, scale, cx)
-        rcp = _empty((B, G, nT, Tp), dtype=torch.float32, device=dev)  # per group; rows from each key's tile written
-        dk0p = _empty((B, G, Tp, D), dtype=torch.float32, device=dev)
-        dq0p = _empty((B, G, Tp, D), dtype=torch.float32, device=dev)
+        # per group; rows from each key's tile written
+        rcp = empty_output((B, G, nT, Tp), dtype=torch.float32, device=dev)
+        dk0p = empty_output((B, G, Tp, D), dtype=torch.float32, device=dev)
+        dq0p = empty_output((B, G, Tp, D), dtype=torch.float32, device=dev)
         strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                    v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))
         load_kernels()._sel_bwd_kv_kernel[(nJ, B * G)](

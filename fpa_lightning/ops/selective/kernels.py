@@ -32,7 +32,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-LOG2E = tl.constexpr(1.4426950408889634)
+from fpa_lightning.ops import common
+
+LOG2E = tl.constexpr(common.LOG2E)
 
 
 @triton.jit

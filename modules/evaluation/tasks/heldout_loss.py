@@ -23,12 +23,12 @@ DEFAULT_BATCH_SIZE = 4
 
 def run(args: argparse.Namespace, models: list[LoadedModel], runtime: Runtime, data: EvalData) -> TaskOutput:
     seq_len = args.seq_len or models[0].decoder.cfg.max_seq_len
-    return test_loss(models, runtime, data, seq_len, args.batch_size or DEFAULT_BATCH_SIZE, args.max_docs,
-                     args.margin or DEFAULT_MARGIN)
+    return heldout_loss(models, runtime, data, seq_len, args.batch_size or DEFAULT_BATCH_SIZE, args.max_docs,
+                        args.margin or DEFAULT_MARGIN)
 
 
-def test_loss(models: list[LoadedModel], runtime: Runtime, data: EvalData, seq_len: int, batch_size: int,
-              max_docs: int | None, margin: float) -> TaskOutput:
+def heldout_loss(models: list[LoadedModel], runtime: Runtime, data: EvalData, seq_len: int, batch_size: int,
+                 max_docs: int | None, margin: float) -> TaskOutput:
     """Mean loss over packed test sequences with a bootstrap interval over sequences; with two models the
     paired difference A − B and ``margin`` (nats), the margin a seed-level verdict (``eval.py seeds``) applies. Every
     row's loss is kept (``per_item``, rows ``row<i>`` in data order)."""
@@ -61,10 +61,10 @@ def test_loss(models: list[LoadedModel], runtime: Runtime, data: EvalData, seq_l
         results["verdict"] = None  # one pair of trained models: evaluation noise only (ONE_PAIR_NOTE)
         results["note"] = ONE_PAIR_NOTE
         scalars["test_loss/difference"] = diff.estimate
-    return TaskOutput(results, {"test_loss": _plot_test_loss(results, values)}, scalars)
+    return TaskOutput(results, {"test_loss": _plot_heldout_loss(results, values)}, scalars)
 
 
-def _plot_test_loss(results: dict, values: list[np.ndarray]) -> plt.Figure:
+def _plot_heldout_loss(results: dict, values: list[np.ndarray]) -> plt.Figure:
     n = 2 if "difference" in results else 1
     fig, axes = plt.subplots(1, n, figsize=(6 * n, 4), squeeze=False)
     for r, v in zip(results["models"], values):

@@ -14,6 +14,7 @@ import math
 import pytest
 import torch
 
+from fpa_lightning.ops import kernel_inputs
 from fpa_lightning.ops.decode import cached_attention, decode_attention
 from fpa_lightning.ops.decode import fused as fused_mod
 
@@ -162,7 +163,7 @@ def test_every_element_written_and_rerun_identical(small_chunks, monkeypatch):
     args = cast(inputs, torch.float32)
     with torch.no_grad():
         clean = decode_attention(*args, scale)
-        monkeypatch.setattr(fused_mod, "TEST_HOOK_POISON_OUTPUTS", True)
+        monkeypatch.setattr(kernel_inputs, "TEST_HOOK_POISON_OUTPUTS", True)
         poisoned = decode_attention(*args, scale)
     assert torch.isfinite(poisoned).all() and torch.equal(poisoned, clean)
 
@@ -253,7 +254,7 @@ def test_plan_fills_the_gpu_and_covers_every_slot(monkeypatch):
         assert (splits - 1) * chunk < S <= splits * chunk and sb & (sb - 1) == 0 and sb <= min(16, 2 * splits)
         if rows * S >= 2 * 132 * fused_mod.MIN_CHUNK:  # work for two minimal chunks per SM
             assert rows * splits >= 2 * 132
-    # the decoding step's attention (ops/decode_step) plans with blocks of 8192 values without FPA's state
+    # the decoding step's attention (ops/decode/step) plans with blocks of 8192 values without FPA's state
     assert [fused_mod.plan_splits(12, 8192, D, cuda, block_values=8192, env="STEP")[0] for D in (16, 64, 128)] == [
         128, 128, 64]
     monkeypatch.setenv("DECODE_CHUNK", "96")

@@ -1,4 +1,4 @@
-"""The decoding step's fused ops (ops/decode_step/fused.py) against their definitions (naive.py).
+"""The decoding step's fused ops (ops/decode/step/fused.py) against their definitions (naive.py).
 
 CPU: through Triton's interpreter, tiny odd shapes (fused._INTERPRETER: attention chunks of 16 slots in blocks of 8,
 a slot scan of 8, a gate-map block of 16, so S = 37 and 100 and C = 24 and 40 cross every boundary); fp32 and fp16
@@ -16,7 +16,7 @@ import torch
 
 from fpa_lightning.attention.layer import RotaryEmbedding
 from fpa_lightning.ops.common import FAR, FREE
-from fpa_lightning.ops.decode_step import fused, naive
+from fpa_lightning.ops.decode.step import fused, naive
 
 HAS_CUDA = torch.cuda.is_available()
 DEV = "cuda" if HAS_CUDA else "cpu"

@@ -1,12 +1,14 @@
-"""FoX through FlexAttention: CUDA-only, checked against dense_attention with bias c_t − c_s."""
+"""FoX: the readable definition (naive_fox_attention) against the dense definition with loops, and FlexAttention
+(CUDA-only) against the definition."""
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from fpa_lightning.ops.fox_flex import fox_flex_attention
 from fpa_lightning.ops.common import dense_attention
+from fpa_lightning.ops.fox.flex import fox_flex_attention
+from fpa_lightning.ops.fox.naive import naive_fox_attention
 
 NAMES = ("out", "dq", "dk", "dv", "dc")
 
@@ -17,11 +19,6 @@ def _inputs(B, T, H, D, seed):
     c = F.logsigmoid(2.0 + torch.randn(B, T, H, generator=g, dtype=torch.float64)).cumsum(1)
     do = torch.randn(B, T, H, D, generator=g, dtype=torch.float64)
     return (q, k, v, c), do
-
-
-def _ref(q, k, v, c):
-    ct = c.transpose(1, 2)  # (B, H, T)
-    return dense_attention(q, k, v, ct[..., :, None] - ct[..., None, :])
 
 
 def _run(fn, inputs, do, dtype, device):
@@ -47,7 +44,7 @@ def _core(monkeypatch, flex):
     """fox_flex's uncompiled core with ``flex`` in place of FlexAttention."""
     import torch.nn.attention.flex_attention as flex_module
 
-    from fpa_lightning.ops import fox_flex
+    from fpa_lightning.ops.fox import flex as fox_flex
 
     monkeypatch.setattr(flex_module, "flex_attention", flex)
     compiled = fox_flex._compiled.__wrapped__()  # a fresh core (the cached one keeps the real flex_attention)
@@ -64,9 +61,23 @@ def _fox_reference_bias(f: torch.Tensor) -> torch.Tensor:
     return bias.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
 
 
+def test_naive_matches_the_definition_with_loops():
+    """naive_fox_attention (c = cumsum log σ(f), bias c_t − c_s) is softmax attention under the bias that sums
+    log σ(f_u) over s < u ≤ t, with and without documents."""
+    B, T, H, D = 2, 23, 3, 16
+    g = torch.Generator().manual_seed(3)
+    f = 2.0 + torch.randn(B, T, H, generator=g, dtype=torch.float64)
+    q, k, v = (torch.randn(B, T, H, D, generator=g, dtype=torch.float64) for _ in range(3))
+    seg = torch.tensor([[0] * 9 + [1] * 14, [0] * 23])
+    for segment_ids in (None, seg):
+        got = naive_fox_attention(q, k, v, F.logsigmoid(f).cumsum(dim=1), segment_ids=segment_ids)
+        want = dense_attention(q, k, v, _fox_reference_bias(f), segment_ids=segment_ids)
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
 def _flex_inputs(q, k, v, c):
     """What fox_flex_attention hands FlexAttention: (B, H, Tp, D) q, k, v and the query/key copies of c (B, H, Tp)."""
-    from fpa_lightning.ops.fox_flex import padded_length
+    from fpa_lightning.ops.fox.flex import padded_length
 
     pad = padded_length(q.shape[1]) - q.shape[1]
     heads_first = [F.pad(t, (0, 0, 0, 0, 0, pad)).transpose(1, 2) for t in (q, k, v)]
@@ -109,7 +120,7 @@ def test_score_mod_adds_the_fox_bias_on_cpu(monkeypatch):
 
 def test_block_masks_on_cpu():
     """The causal mask and the document mask_mod (padded positions a document of their own, id −1) on index tensors."""
-    from fpa_lightning.ops.fox_flex import _causal_block_mask, _document_block_mask, padded_length
+    from fpa_lightning.ops.fox.flex import _causal_block_mask, _document_block_mask, padded_length
 
     B, T = 2, 37
     Tp = padded_length(T)
@@ -131,7 +142,7 @@ def test_block_masks_on_cpu():
 def test_flex_forward_on_cpu_matches_the_definition(documents, monkeypatch):
     """The core with the real FlexAttention (eager; forward only on a CPU) and the library's block masks, in float64,
     against softmax(q·kᵀ/√D + b) v with b from the loops."""
-    from fpa_lightning.ops.fox_flex import _causal_block_mask, _document_block_mask, padded_length
+    from fpa_lightning.ops.fox.flex import _causal_block_mask, _document_block_mask, padded_length
     from torch.nn.attention.flex_attention import flex_attention
 
     B, T, H, D = 2, 37, 2, 16
@@ -168,8 +179,8 @@ def test_query_side_of_the_bias_has_exactly_zero_gradient():
 @pytest.mark.parametrize("shape", [(2, 256, 3, 64), (1, 1000, 2, 64), (1, 2048, 2, 128), (2, 129, 2, 32)])
 def test_gpu_matches_float64_reference(shape):
     inputs, do = _inputs(*shape, seed=sum(shape))
-    ref = _run(_ref, inputs, do, torch.float64, "cuda")
-    same = _run(_ref, inputs, do, torch.bfloat16, "cuda")
+    ref = _run(naive_fox_attention, inputs, do, torch.float64, "cuda")
+    same = _run(naive_fox_attention, inputs, do, torch.bfloat16, "cuda")
     got = _run(fox_flex_attention, inputs, do, torch.bfloat16, "cuda")
     for name, r, s, g in zip(NAMES, ref, same, got):
         assert torch.isfinite(g).all(), name
@@ -189,13 +200,12 @@ def _segments(B, T, seed):
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(2, 700, 2, 64), (1, 2048, 2, 128)])
 def test_gpu_document_mask_matches_float64_reference(shape):
-    """The document mask_mod: causal and same-document, against dense_attention(segment_ids=)."""
+    """The document mask_mod: causal and same-document, against naive_fox_attention(segment_ids=)."""
     inputs, do = _inputs(*shape, seed=sum(shape) + 1)
     seg = _segments(shape[0], shape[1], seed=shape[1]).cuda()
 
     def ref(q, k, v, c):
-        ct = c.transpose(1, 2)
-        return dense_attention(q, k, v, ct[..., :, None] - ct[..., None, :], segment_ids=seg)
+        return naive_fox_attention(q, k, v, c, segment_ids=seg)
 
     expected = _run(ref, inputs, do, torch.float64, "cuda")
     same = _run(ref, inputs, do, torch.bfloat16, "cuda")

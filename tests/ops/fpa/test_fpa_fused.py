@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import _ops_helpers
-from _ops_helpers import DEV, HAS_CUDA, FusedOp, check_common_value_errors, documents, max_err
+from _ops_helpers import DEV, HAS_CUDA, FusedOp, check_common_value_errors, documents, max_err, poison_outputs
 from _ops_helpers import test_non_cuda_tensors_rejected_outside_interpreter  # noqa: F401 (run here, on FPA)
 from fpa_lightning.ops.fpa import fused as fused_mod
 from fpa_lightning.ops.fpa.fused import fpa_attention
@@ -183,7 +183,7 @@ def test_rerun_is_deterministic():
 
 
 def test_every_output_element_is_written(monkeypatch):
-    monkeypatch.setattr(fused_mod, "TEST_HOOK_POISON_OUTPUTS", True)
+    poison_outputs(monkeypatch)
     inputs, do = make_inputs(1, 21, 2, 16, drift=-0.5, seed=6)
     got = run(fpa_attention, inputs, do, torch.float32, DEV)
     for name, g in zip(NAMES, got):
@@ -271,7 +271,7 @@ def test_variant_all_alive_gives_exactly_zero_field_grads(name):
 
 @pytest.mark.parametrize("name", ["query", "dipsum+docs", "min+docs"])
 def test_variant_writes_every_element_deterministically(name, monkeypatch):
-    monkeypatch.setattr(fused_mod, "TEST_HOOK_POISON_OUTPUTS", True)
+    poison_outputs(monkeypatch)
     inputs, do = make_inputs(1, 37, 1, 16, drift=-0.5, seed=6)
     kw = variant_kwargs(name, 1, 37, seed=6)
     a = run(fpa_attention, inputs, do, torch.float32, DEV, **kw)
@@ -491,7 +491,7 @@ def test_gpu_all_alive_and_deterministic_and_written(monkeypatch):
     inputs, do = make_inputs(2, 1000, 2, 64, alive=True, seed=14)
     got = run(fpa_attention, inputs, do, torch.bfloat16, "cuda")
     assert (got[4] == 0).all() and (got[5] == 0).all() and (got[6] == 0).all()
-    monkeypatch.setattr(fused_mod, "TEST_HOOK_POISON_OUTPUTS", True)
+    poison_outputs(monkeypatch)
     inputs, do = make_inputs(2, 1001, 2, 64, drift=-0.2, seed=15)
     a = run(fpa_attention, inputs, do, torch.bfloat16, "cuda")
     b = run(fpa_attention, inputs, do, torch.bfloat16, "cuda")
@@ -566,7 +566,7 @@ def test_gpu_variant_all_alive_and_deterministic_and_written(name, monkeypatch):
     inputs, do = make_inputs(2, 1000, 2, 64, alive=True, seed=14)
     got = run(fpa_attention, inputs, do, torch.bfloat16, "cuda", **variant_kwargs(name, 2, 1000, "cuda"))
     assert (got[4] == 0).all() and (got[5] == 0).all() and (got[6] == 0).all()
-    monkeypatch.setattr(fused_mod, "TEST_HOOK_POISON_OUTPUTS", True)
+    poison_outputs(monkeypatch)
     inputs, do = make_inputs(2, 1001, 2, 64, drift=-0.2, seed=15)
     kw = variant_kwargs(name, 2, 1001, "cuda", seed=15)
     a = run(fpa_attention, inputs, do, torch.bfloat16, "cuda", **kw)

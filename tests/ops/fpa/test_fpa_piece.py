@@ -1,4 +1,4 @@
-"""FPA piece attention: the fused kernel (ops/fpa_piece/fused.py) against its definition (naive.py).
+"""FPA piece attention: the fused kernel (ops/fpa/piece/fused.py) against its definition (naive.py).
 
 CPU: through Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1 without CUDA), tiny odd shapes in
 16 × 16 tiles, so n = 19 and 40 cross query tiles and S = 23 and 70 cross slot blocks; fp32 and fp16 (the interpreter
@@ -14,9 +14,10 @@ import math
 import pytest
 import torch
 
+from fpa_lightning.ops import kernel_inputs
 from fpa_lightning.ops.common import FAR
-from fpa_lightning.ops.fpa_piece import fused as fused_mod
-from fpa_lightning.ops.fpa_piece import naive, path_min_after
+from fpa_lightning.ops.fpa.piece import fused as fused_mod
+from fpa_lightning.ops.fpa.piece import naive, path_min_after
 
 HAS_CUDA = torch.cuda.is_available()
 DEV = "cuda" if HAS_CUDA else "cpu"
@@ -194,7 +195,7 @@ def test_every_element_written_and_rerun_identical(monkeypatch):
     args = cast(inputs, torch.float32)
     with torch.no_grad():
         clean = fused_mod.fpa_piece_attention(*args, scale, -1.03)
-        monkeypatch.setattr(fused_mod, "TEST_HOOK_POISON_OUTPUTS", True)
+        monkeypatch.setattr(kernel_inputs, "TEST_HOOK_POISON_OUTPUTS", True)
         poisoned = fused_mod.fpa_piece_attention(*args, scale, -1.03)
     assert torch.isfinite(poisoned[0]).all() and (poisoned[1] >= 1).all()
     assert torch.equal(poisoned[0], clean[0]) and torch.equal(poisoned[1], clean[1])

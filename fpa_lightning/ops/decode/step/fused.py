@@ -1,8 +1,8 @@
 """The decoding step's ops fused (Triton, inference only): naive.py's definitions, one launch each (step_attention:
 two, a split-K pass and ops/decode's combine).
 
-A decoding step at batch 1 is bound by its number of kernels, not by bytes (BENCHMARKS.md, "Where a decode step's
-time goes"): the composite RMSNorm, RoPE, the cache's scatters, the visibility mask, FPA's gate map and path minimum
+A decoding step at batch 1 is bound by its number of kernels, not by bytes (BENCHMARKS.md, "Decoding with the KV
+cache (H200)"): the composite RMSNorm, RoPE, the cache's scatters, the visibility mask, FPA's gate map and path minimum
 took about 50 small kernels per layer around the 4 matmuls. With these ops a layer runs 10: add_rms_norm, the qkv
 matmul, store_token, step_attention (2), the out matmul, add_rms_norm, gate_up, silu_mul, down.
 
@@ -22,25 +22,23 @@ import torch
 
 from fpa_lightning.ops.decode.fused import load_kernels as load_decode_kernels
 from fpa_lightning.ops.decode.fused import plan_splits
-from fpa_lightning.ops.kernel_inputs import cdiv, next_power_of_2, require_triton
+from fpa_lightning.ops.kernel_inputs import HEAD_DIMS, cdiv, next_power_of_2, require_triton
 from fpa_lightning.ops.kernel_inputs import (QKV_DTYPES, check_device, check_inference_only, check_scale,
                                             env_int)
 from fpa_lightning.ops.kernel_inputs import interpreting as _interpreting
 
-HEAD_DIMS = (16, 32, 64, 128)
 MAX_WIDTH = 16384
 """The widest row add_rms_norm takes (one program holds a row)."""
 
-# GPU launch choices, from A/Bs on an H200 at batch 1, one process per setting (docs/benchmarks/decode_step_2026-12-04,
-# decode_step_s2_2026-12-04): a norm row on 4 warps (8 from 4096 values) and silu_mul blocks of 1024 on 4 warps, set
-# by reasoning; store_token appending on 1 warp (a head is 64 values; 4 warps were no faster), evicting on 4 warps with
-# its slot scan in blocks of 4096 (0.500 ms a step at 8k against 0.521 with 1 warp and blocks of 1024); step_attention
-# planned as ops/decode's partial kernel (chunks of at least MIN_CHUNK slots, PROGRAMS_PER_SM programs per SM) on
-# 8192-value blocks (128 slots at D = 64) and 4 warps, with or without FPA's state (at 8k: softmax 0.547 against 0.563
-# on 8 warps; FPA 0.565 against 0.651 on 64 slots). The interpreter: ops/decode's attention plan (blocks of 8 slots in
-# chunks of 16), a scan block of 8 and a gate block of 16, so its tiny tests cross every boundary. STEP_BLOCK_S,
-# STEP_CHUNK and STEP_WARPS override the attention's blocks and warps, STEP_STORE_WARPS and STEP_SCAN_BLOCK
-# store_token's warps and slot-scan block (A/B benchmarks only).
+# GPU launch choices, from A/Bs on an H200 at batch 1, one process per setting (KERNEL_LOG.md, "The decoding step", s1
+# and s2): a norm row on 4 warps (8 from 4096 values) and silu_mul blocks of 1024 on 4 warps, set by
+# reasoning; store_token appending on 1 warp (a head is 64 values; 4 warps were no faster), evicting on 4 warps with
+# its slot scan in blocks of 4096 (faster than 1 warp and blocks of 1024); step_attention planned as ops/decode's
+# partial kernel (chunks of at least MIN_CHUNK slots, PROGRAMS_PER_SM programs per SM) on 8192-value blocks (128 slots
+# at D = 64) and 4 warps, with or without FPA's state (faster than 8 warps, and for FPA than 64-slot blocks). The
+# interpreter: ops/decode's attention plan (blocks of 8 slots in chunks of 16), a scan block of 8 and a gate block of
+# 16, so its tiny tests cross every boundary. STEP_BLOCK_S, STEP_CHUNK and STEP_WARPS override the attention's blocks
+# and warps, STEP_STORE_WARPS and STEP_SCAN_BLOCK store_token's warps and slot-scan block (A/B benchmarks only).
 _INTERPRETER = {"scan": 8, "gate": 16}
 
 
@@ -49,7 +47,7 @@ def load_kernels():
     """kernels.py, imported at the first launch: its @triton.jit kernels need triton, which the naive and chunked
     paths (and so the package, and an export's remote code) do without (``kernel_inputs.require_triton``)."""
     require_triton("the decoding step's fused ops")
-    from fpa_lightning.ops.decode_step import kernels
+    from fpa_lightning.ops.decode.step import kernels
     return kernels
 
 

@@ -21,6 +21,7 @@ import triton.language as tl
 
 from fpa_lightning.ops import common
 from fpa_lightning.ops.decode.kernels import online_softmax_block, split_start, store_split
+from fpa_lightning.ops.fpa.step.kernels import gate_map, softplus, step_bias
 
 FREE = tl.constexpr(common.FREE)  # a free slot's key_pos
 FAR = tl.constexpr(common.FAR)  # the path minimum of an empty range
@@ -64,33 +65,6 @@ def _rope_half(first, second, TAB_COS, TAB_SIN, offs_h, HALF: tl.constexpr):
 
 
 @triton.jit
-def _gate_map(GW, GB, X, WALK, b64, h, H, C, MAPS: tl.constexpr, BLOCK_C: tl.constexpr):
-    """FPA's gate map for one (row, head): δ (gate row h), g (H + h) and h (2H + h) as fp32 dot products with the
-    row x of C values -> the advanced walk W_t = W_{t−1} + δ, the field φ_t = W_t + g and the new key's level
-    ψ_t = W_t + h (φ = ψ = W with fewer maps)."""
-    offs_c = tl.arange(0, BLOCK_C)
-    acc = tl.zeros([BLOCK_C], dtype=tl.float32)
-    acc_g = tl.zeros([BLOCK_C], dtype=tl.float32)
-    acc_h = tl.zeros([BLOCK_C], dtype=tl.float32)
-    for c0 in range(0, C, BLOCK_C):
-        ok = c0 + offs_c < C
-        x = tl.load(X + b64 * C + c0 + offs_c, mask=ok, other=0.0).to(tl.float32)
-        acc += x * tl.load(GW + h * C + c0 + offs_c, mask=ok, other=0.0)
-        if MAPS > 1:
-            acc_g += x * tl.load(GW + (H + h) * C + c0 + offs_c, mask=ok, other=0.0)
-        if MAPS > 2:
-            acc_h += x * tl.load(GW + (2 * H + h) * C + c0 + offs_c, mask=ok, other=0.0)
-    walk = tl.load(WALK + b64 * H + h) + (tl.sum(acc, axis=0) + tl.load(GB + h))
-    phi = walk
-    psi = walk
-    if MAPS > 1:
-        phi = walk + (tl.sum(acc_g, axis=0) + tl.load(GB + H + h))
-    if MAPS > 2:
-        psi = walk + (tl.sum(acc_h, axis=0) + tl.load(GB + 2 * H + h))
-    return walk, phi, psi
-
-
-@triton.jit
 def _store_token_kernel(
     QKV, POS, COS, SIN, KC, VC, KP, Q_OUT, K_OUT, SLOTS,
     GW, GB, X, WALK, LEVEL, PMIN, PHI,
@@ -106,7 +80,7 @@ def _store_token_kernel(
     # Every load comes before the first store: the compiler cannot move a load past a store that may alias it, so a
     # load after the cache writes would add its latency to the kernel's.
     if FPA:
-        walk, phi, psi = _gate_map(GW, GB, X, WALK, b64, h, H, C, MAPS, BLOCK_C)
+        walk, phi, psi = gate_map(GW, GB, X, WALK, b64, h, H, C, MAPS, BLOCK_C)
     pos = tl.load(POS + b)  # int64
     kp_base = KP + b64 * s_pb + h * s_ph
     if APPEND:
@@ -151,12 +125,6 @@ def _store_token_kernel(
 
 
 @triton.jit
-def _softplus(x):
-    # torch's softplus (threshold 20: linear above it)
-    return tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
-
-
-@triton.jit
 def _step_attn_partial_kernel(
     Q, K, V, KP, POS, PMIN, LEVEL, PHI, BETA_RAW, M, L, ACC,
     s_qb, s_qh, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_pb, s_ph, s_mb, s_mh, s_lb, s_lh,
@@ -178,7 +146,7 @@ def _step_attn_partial_kernel(
     lv_base = LEVEL + b64 * s_lb + h * s_lh
     if FPA:
         phi = tl.load(PHI + b64 * H + h)
-        beta = _softplus(tl.load(BETA_RAW + h))
+        beta = softplus(tl.load(BETA_RAW + h))
     lo, hi, m_i, l_i, acc = split_start(split, CHUNK, S, D)
     for start in range(lo, hi, BLOCK_S):
         offs_s = start + tl.arange(0, BLOCK_S)
@@ -193,9 +161,7 @@ def _step_attn_partial_kernel(
         s = tl.sum(k.to(tl.float32) * q[None, :], axis=1)  # (BLOCK_S,) fp32
         if FPA:
             older = kp < t  # the query moves every key older than itself (free slots too: they are rewritten)
-            moved = ok & older & (phi < m_old)  # only the minima that fall are written back
-            m = tl.where(moved, phi, m_old)
-            bias = beta * tl.minimum(m - level, 0.0)
+            m, moved, bias = step_bias(phi, m_old, level, beta, ok & older)
             if EVICT:
                 gone = seen & older & (bias < threshold)
                 seen = seen & (gone == 0)

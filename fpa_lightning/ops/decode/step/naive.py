@@ -15,15 +15,16 @@ key's level ψ_t and empty path minimum (docs/generation.md, "The decoding step"
 query to the cached keys a slot's position makes visible (held, not in the future); with FPA's state it first
 advances every older key's path minimum m_s by φ_t, adds the bias β·min(0, m_s − ψ_s) and evicts, for good, the keys
 whose bias falls below the threshold (never the newest). Together they are what ``DecodeSession``'s einsum path
-does for a key-level FPA layer with the min reduction (or a layer without a bias) in a step.
+does for a key-level FPA layer with the min reduction (or a layer without a bias) in a step; FPA's parts are
+ops/fpa/step's (``gate_map``, ``step_bias``).
 """
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from fpa_lightning.ops.common import FAR, FREE, rms_norm, rope_rotate, silu_mul
 from fpa_lightning.ops.decode.naive import cached_attention
+from fpa_lightning.ops.fpa.step.naive import gate_map, step_bias
 
 __all__ = ["add_rms_norm", "silu_mul", "step_attention", "store_token"]
 
@@ -67,10 +68,7 @@ def store_token(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor | 
     _put(key_pos, slots, positions[:, None, None].expand(B, H, 1))
     phi = None
     if gate_weight is not None:
-        maps = F.linear(x.to(gate_weight.dtype), gate_weight, gate_bias).unflatten(-1, (-1, H))  # (B, G, H)
-        walk.add_(maps[:, 0])
-        phi = walk + maps[:, 1] if maps.shape[1] > 1 else walk.clone()
-        psi = walk + maps[:, 2] if maps.shape[1] > 2 else walk
+        phi, psi = gate_map(gate_weight, gate_bias, x, walk)
         _put(level, slots, psi[:, :, None])
         _put(path_min, slots, torch.full_like(psi[:, :, None], FAR))
     return q, k, slots.long(), phi
@@ -99,9 +97,7 @@ def step_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     visible = (key_pos != FREE) & (key_pos <= t)  # (B, H, S)
     bias = None
     if path_min is not None:
-        path_min.copy_(torch.minimum(path_min, torch.where(key_pos < t, phi[..., None], FAR)))
-        beta = F.softplus(beta_raw)[:, None]  # (H, 1)
-        bias = beta * (path_min - level).clamp(max=0)  # (B, H, S)
+        bias = step_bias(path_min, level, phi, beta_raw, key_pos < t)  # (B, H, S)
         if threshold > float("-inf"):
             evicted = visible & (key_pos < t) & (bias < threshold)  # the newest key (t itself) never
             key_pos.masked_fill_(evicted, FREE)

@@ -10,7 +10,7 @@ not fit raises ValueError; there is no silent fallback.
 
 One launch per layer replaces the reference's path-minimum table, bias, eviction mask, einsums and softmax over
 (B, H, n, S): scoring a long document with real eviction made several such tensors per layer and piece
-(BENCHMARKS.md, "Scoring with real eviction"). The piece's φ goes in as a sparse table of range minima, log₂ n
+(BENCHMARKS.md, "Scoring with real eviction (H200)"). The piece's φ goes in as a sparse table of range minima, log₂ n
 levels of n (kernels.py says how it is read). Layout follows ops/decode: input checks here, kernels in kernels.py.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from fpa_lightning.ops.common import FAR
-from fpa_lightning.ops.kernel_inputs import cdiv, require_triton
+from fpa_lightning.ops.kernel_inputs import HEAD_DIMS, cdiv, empty_output, require_triton
 from fpa_lightning.ops.kernel_inputs import (check_cached_qkv, check_device, check_inference_only, check_scale,
                                             env_int)
 from fpa_lightning.ops.kernel_inputs import unsupported_reason as kernel_unsupported_reason
@@ -28,16 +28,9 @@ from fpa_lightning.ops.kernel_inputs import with_env_overrides
 from fpa_lightning.ops.kernel_inputs import interpreting as _interpreting
 
 OP = "fpa_piece_attention"
-HEAD_DIMS = (16, 32, 64, 128)
-"""Head dims the kernel is built for."""
-
-# Test hook, for tests only: when True, the outputs start as NaN (out) and −1 (kept), so an element the kernel
-# forgets to write shows up in the result instead of hiding behind torch.empty's leftovers.
-TEST_HOOK_POISON_OUTPUTS = False
-
-# GPU launch choices from an A/B on an H200 (benchmarks/piece_attention.py, KERNEL_LOG "FPA piece attention p3"):
-# 64 queries × 128 slots per step on 4 warps, 2 stages; 128 slots took 13–16 % less time than 64 for pieces of
-# 8192, while 128 queries, 8 warps, 3 stages or 32-wide blocks were slower or no faster. The interpreter: 16 × 16, so
+# GPU launch choices from an A/B on an H200 (benchmarks/piece_attention.py, KERNEL_LOG.md, "FPA piece attention", p3):
+# 64 queries × 128 slots per step on 4 warps, 2 stages; 128 slots took less time than 64 for long pieces, while 128
+# queries, 8 warps, 3 stages or 32-wide blocks were slower or no faster. The interpreter: 16 × 16, so
 # its tiny tests cross query tiles and slot blocks. PIECE_BLOCK_M, PIECE_BLOCK_N, PIECE_WARPS and PIECE_STAGES
 # override them (A/B benchmarks only).
 GPU_BLOCKS, INTERPRETER_BLOCKS = (64, 128), (16, 16)
@@ -48,7 +41,7 @@ def load_kernels():
     """kernels.py, imported at the first launch: its @triton.jit kernels need triton, which the naive and chunked
     paths (and so the package, and an export's remote code) do without (``kernel_inputs.require_triton``)."""
     require_triton(OP)
-    from fpa_lightning.ops.fpa_piece import kernels
+    from fpa_lightning.ops.fpa.piece import kernels
     return kernels
 
 
@@ -117,11 +110,8 @@ def fpa_piece_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_p
     start, beta = start.contiguous(), beta.contiguous()  # read by index: start is often a column of query_pos
     rmq = range_min_table(phi)
     block_m, block_n = _blocks()
-    poison = TEST_HOOK_POISON_OUTPUTS
-    out = (torch.full if poison else torch.empty)((B, n, H, D), *([float("nan")] if poison else []),
-                                                  dtype=v.dtype, device=q.device)
-    kept = (torch.full if poison else torch.empty)((B * H, n), *([-1] if poison else []), dtype=torch.int32,
-                                                   device=q.device)
+    out = empty_output((B, n, H, D), dtype=v.dtype, device=q.device)
+    kept = empty_output((B * H, n), dtype=torch.int32, device=q.device)
     load_kernels()._fpa_piece_kernel[(cdiv(n, block_m), B * H)](
         q, k, v, key_pos, path_min, level, rmq, start, beta, out, kept,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),

@@ -2,10 +2,10 @@
 a row spread over several devices, the held-out split's knobs on the command line, and the loss curves that say
 whether a budget is long enough. Tiny rows on the CPU."""
 import json
-from concurrent.futures import Future
 
 import pytest
 
+from _inprocess_pool import InProcess
 from eval import main
 from fpa_lightning.probes.train import Budget, curve_windows
 from modules.probes import runner
@@ -36,24 +36,6 @@ def test_loss_curves_are_recorded_and_summarised():
     table = curve_table(rows).splitlines()
     assert len(table) == 3 and table[2].startswith("| flip-flop | fpa | 40 steps, lr 0.01 |")
     assert curve_table([{k: v for k, v in row.items() if k != "loss_curve"}]) == ""  # rows recorded before curves
-
-
-class InProcess:
-    """A process pool that runs each job at submit (as tests/modules/probes/test_probes_cli.py)."""
-
-    def __init__(self, *args, **kwargs):
-        pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-    def submit(self, fn, *args):
-        future = Future()
-        future.set_result(fn(*args))
-        return future
 
 
 def test_the_seed_chunks_of_a_row_go_to_the_devices_in_turn(monkeypatch):

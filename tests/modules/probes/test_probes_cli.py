@@ -2,11 +2,11 @@
 Markdown table and a plot; a second run reuses its rows; misuse is a clear error."""
 import json
 import os
-from concurrent.futures import Future
 
 import pytest
 
 from eval import main
+from _inprocess_pool import InProcess
 from _probe_reference import held_out_accuracy
 
 TINY = ["--task", "probes", "--probes", "dip_duration", "--backends", "fpa", "fpa_dipsum", "--seeds", "2",
@@ -126,28 +126,6 @@ def test_a_rows_identity_names_its_implementation_only_off_the_naive_path():
     recorded = row_identity(replace(fast, impl="naive"), "fpa", [0], Budget())  # the same group, run naive
     assert _find([recorded], row_identity(fast, "fpa", [0], Budget())) is None
     assert _find([recorded], recorded) is recorded
-
-
-class InProcess:
-    """The worker pool's logic without spawning processes (threads would share torch's global seed): each job runs
-    at submit, and its exception is kept in its future, as a process pool does."""
-
-    def __init__(self, workers, mp_context=None, initializer=None, initargs=()):
-        pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-    def submit(self, fn, *args):
-        future = Future()
-        try:
-            future.set_result(fn(*args))
-        except Exception as error:  # noqa: BLE001 - handed to the caller through the future
-            future.set_exception(error)
-        return future
 
 
 def test_a_fast_path_row_split_into_seed_chunks_is_the_row_trained_whole(monkeypatch):

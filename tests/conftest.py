@@ -43,6 +43,15 @@ def _isolated_cache(tmp_path_factory):
         os.environ["FPA_CACHE_DIR"] = old
 
 
+@pytest.fixture
+def offline_in_tmp(monkeypatch, tmp_path):
+    """The hub switched to offline mode (an accidental download fails at once) and the test run from its own tmp_path,
+    so that what train.py writes relative to the working directory (runs/, config.yaml) lands there."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+
+
 @pytest.fixture(scope="module")
 def one_thread_per_module():
     """Tiny ops only lose to thread synchronisation on a shared 2-core machine; the thread count is restored after

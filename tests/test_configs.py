@@ -29,11 +29,7 @@ def instantiate(config: pathlib.Path, *overrides: str):
     return main(["--config", str(config), "--trainer.logger=false", *overrides], run=False)
 
 
-@pytest.fixture(autouse=True)
-def _offline(monkeypatch, tmp_path):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    monkeypatch.chdir(tmp_path)
+pytestmark = pytest.mark.usefixtures("offline_in_tmp")  # tests/conftest.py
 
 
 def printed_config(capsys, *args: str) -> dict:

@@ -20,11 +20,7 @@ STUDY = REPO / "configs" / "study"
 ARMS = ("fpa", "fox", "sdpa")
 
 
-@pytest.fixture(autouse=True)
-def _offline(monkeypatch, tmp_path):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    monkeypatch.chdir(tmp_path)
+pytestmark = pytest.mark.usefixtures("offline_in_tmp")  # tests/conftest.py
 
 
 def test_the_retrieval_arms_are_the_plain_arms_plus_the_mixture():

@@ -19,11 +19,7 @@ STUDY = sorted(p for p in (REPO / "configs" / "study").glob("*.yaml") if not p.s
 PARAMETERS_110M = {"fpa": 109_862_208, "fox": 109_640_592, "sdpa": 109_529_856}  # as in tests/test_configs.py
 
 
-@pytest.fixture(autouse=True)
-def _offline(monkeypatch, tmp_path):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    monkeypatch.chdir(tmp_path)
+pytestmark = pytest.mark.usefixtures("offline_in_tmp")  # tests/conftest.py
 
 
 def test_the_study_has_fpa_fox_and_softmax():

@@ -2,6 +2,16 @@
 interpreter is switched on (TRITON_INTERPRET=1 only takes effect for kernels decorated later)."""
 import os
 
+# Threads under pytest-xdist (README's command: 2 workers on 2 cores): each worker, and each process a test starts
+# (train.py, eval.py, DDP ranks: they inherit the environment), gets cores // workers intra-op threads, at least 1.
+# More threads than cores spend the tiny models' ops waiting at OpenMP barriers (measured on the shared 2-core machine:
+# 2 threads take 1.3x the CPU time and wall time of 1). A value the caller set wins; a run without xdist keeps torch's
+# default.
+_XDIST_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+if _XDIST_WORKERS:
+    _CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, _CORES // _XDIST_WORKERS)))
+
 try:
     import torch as _torch
 
@@ -14,6 +24,9 @@ if not _HAS_CUDA:
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+
+if _XDIST_WORKERS:
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))  # also where torch was imported before this file
 
 
 def pytest_configure(config):

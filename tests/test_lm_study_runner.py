@@ -1,10 +1,16 @@
-"""benchmarks/lm_study.sh, the study's seed runner, at a tiny CPU shape (SMOKE=1): two backends × two seeds trained
-and evaluated, runs named by backend, rate and seed, the seed recorded in every result file, a second call skips what
-finished, and `compare` turns the per-seed files into seed-level statistics."""
+"""benchmarks/lm_study.sh, the study's seed runner, at a tiny CPU shape (SMOKE=1): two seeds trained and evaluated,
+runs named by backend, rate and seed, the seed recorded in every result file, a second call skips what finished, and
+`compare` turns the per-seed files of two backends into seed-level statistics.
+
+One backend (FPA) is trained through the script: another backend's units are the same steps with another config (each
+study config trains in tests/test_study_configs.py), at the cost of two more trainings and evaluations. The compare's
+B side (FoX) is FPA's own per-seed result files under FoX's run names: A against itself, a known answer (every
+difference exactly 0) for the script's pairing of the two sides' files by seed."""
 import json
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 
@@ -31,14 +37,17 @@ def study(tmp_path_factory):
     env = {"SMOKE": "1", "SEEDS": "0 1", "EVALS": "loss", "CORPUS": str(root / "corpus"),
            "RESULTS": str(root / "results"), "PYTHON": sys.executable, "HF_HUB_OFFLINE": "1",
            "HF_DATASETS_OFFLINE": "1"}
-    first = run_script(env, "run", "fpa", "fox")
-    return root / "results", env, first
+    first = run_script(env, "run", "fpa")
+    results = root / "results"
+    for seed in (0, 1):  # the compare's B side (module docstring)
+        shutil.copytree(results / "eval" / f"study_fpa_lr1e-3_s{seed}", results / "eval" / f"study_fox_lr1e-3_s{seed}")
+    return results, env, first
 
 
 def test_each_unit_is_trained_with_its_seed_and_named_by_it(study):
     results, _, _ = study
     finals = {p.parent.name: json.loads(p.read_text()) for p in (results / "runs").glob("*/final.json")}
-    assert sorted(finals) == [f"study_{b}_lr1e-3_s{s}" for b in ("fox", "fpa") for s in (0, 1)]
+    assert sorted(finals) == [f"study_fpa_lr1e-3_s{s}" for s in (0, 1)]
     for name, record in finals.items():
         assert (record["backend"], record["seed"], record["lr"], record["data_seed"]) == (
             name.split("_")[1], int(name[-1]), 1e-3, 0)  # the data order stays fixed unless VARY_DATA=1
@@ -54,12 +63,14 @@ def test_every_eval_result_records_its_training_seed(study):
     for seed in (0, 1):
         doc = json.loads((results / "eval" / f"study_fpa_lr1e-3_s{seed}" / "test_loss" / "test_loss.json").read_text())
         assert doc["checkpoint"]["seed_everything"] == seed
+        (loss,) = doc["results"]["per_item"]["metrics"]  # every item's result kept, for the seed compare
+        assert loss["ids"] == [f"row{i}" for i in range(8)] and [len(v) for v in loss["values"]] == [8]  # one model
 
 
 def test_a_second_call_skips_finished_units(study):
     results, env, _ = study
-    again = run_script(env, "run", "fpa", "fox")
-    assert len(re.findall(r"finished before, skipped", again.stdout)) == 4
+    again = run_script(env, "run", "fpa")
+    assert len(re.findall(r"finished before, skipped", again.stdout)) == 2
     assert "== train_" not in again.stdout
 
 
@@ -68,6 +79,13 @@ def test_compare_gives_seed_level_statistics(study):
     run_script(env, "compare", "fpa", "fox")
     merged = json.loads((results / "compare" / "fpa-fox_lr1e-3" / "test_loss_seeds.json").read_text())
     assert sorted(merged["seeds"]) == [0, 1]
+    for pair in merged["pairs"]:  # each seed's A file against the B file of the same seed
+        for side, backend in (("a", "fpa"), ("b", "fox")):
+            assert pair[side] == str(results / "eval" / f"study_{backend}_lr1e-3_s{pair['seed']}" / "test_loss" /
+                                     "test_loss.json")
+    (loss,) = merged["metrics"]
+    assert loss["name"] == "loss" and loss["items"] == 8  # the per-item results of --max-docs 8
+    assert [s["estimate"] for s in loss["per_seed"]] == [0.0, 0.0] and loss["mean"] == 0.0  # A against itself
 
 
 def test_the_runner_default_rate_is_the_configs():

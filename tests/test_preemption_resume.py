@@ -16,11 +16,13 @@ STEPS, EVERY = 20, 5
 
 
 def command(runs: pathlib.Path, *extra: str) -> list[str]:
-    """The quickstart shrunk (as in test_train_cli.py) to a 1-layer d=64 model on 2 x 32-token rows, no validation and
-    no statistics callbacks; a checkpoint every EVERY steps (the latest kept, plus last.ckpt)."""
+    """The quickstart shrunk (as in test_train_cli.py) to a 1-layer d=64 model on 2 x 32-token rows, train documents
+    shuffled within windows of 2 (its first batch tokenises 2 books, not 64), no validation and no statistics
+    callbacks; a checkpoint every EVERY steps (the latest kept, plus last.ckpt)."""
     return [sys.executable, str(REPO / "train.py"), "fit", "--config", str(REPO / "configs" / "quickstart.yaml"),
             "--model.model.n_layer=1", "--model.model.d_model=64", "--model.model.n_head=1", "--model.model.d_mlp=128",
-            "--data.init_args.seq_len=32", "--data.init_args.batch_size=2", f"--trainer.max_steps={STEPS}",
+            "--data.init_args.seq_len=32", "--data.init_args.batch_size=2", "--data.init_args.shuffle_block=2",
+            f"--trainer.max_steps={STEPS}",
             "--trainer.limit_val_batches=0", "--trainer.callbacks=[]", "--trainer.enable_progress_bar=false",
             f"--trainer.logger.init_args.save_dir={runs}", "--checkpoint.monitor=null", "--checkpoint.save_top_k=1",
             "--checkpoint.filename=step{step}", f"--checkpoint.every_n_train_steps={EVERY}", *extra]

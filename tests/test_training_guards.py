@@ -12,7 +12,7 @@ import torch
 from datamodules import TextDataModule
 from modules import LanguageModel
 from modules.guards import NonFiniteLossError
-from test_train_cli import tiny_quickstart_args
+from test_train_cli import SHUFFLE_BLOCK, tiny_quickstart_args
 from train import main
 
 
@@ -34,7 +34,7 @@ def named_checkpoint(message: str) -> pathlib.Path | None:
 
 def expected_position(batches: int) -> str:
     """The position the guard must name after `batches` train batches: the same stream as the tiny quickstart (offline
-    corpus, 2 x 32 tokens, one worker, seed 0), read without a trainer."""
+    corpus, 2 x 32 tokens, its shuffle window, one worker, seed 0), read without a trainer."""
     return first_positions()[batches - 1]
 
 
@@ -42,7 +42,7 @@ def expected_position(batches: int) -> str:
 def first_positions(n: int = 4) -> list[str]:
     """The stream's position after each of its first n batches, from one read (a data module starts its worker and
     tokeniser once instead of once per test)."""
-    dm = TextDataModule(seq_len=32, batch_size=2, num_workers=1)
+    dm = TextDataModule(seq_len=32, batch_size=2, num_workers=1, shuffle_block=SHUFFLE_BLOCK)
     positions = []
     for _ in itertools.islice(iter(dm.train_dataloader()), n):
         positions.append(str(dm.last_train_batch))

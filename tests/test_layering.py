@@ -58,7 +58,7 @@ LIBRARY_LAYERS = (
     ("config",),                           # ModelConfig (holds an AttentionConfig)
     ("model",),                            # the Decoder
     ("__init__", "export", "generation"),  # the package face; export folders; KV cache and decoding
-    ("analysis",),                         # maths shared by callbacks, probes and evaluation (survival, pruning, stats)
+    ("analysis",),                         # maths shared by callbacks, probes, evaluation (survival, pruning, binomial)
     ("probes", "hf"),                      # the synthetic probes, their model and training; the transformers classes
     ("evaluation",),                       # checkpoints, scoring, statistics, prompt items, the harness adapter
 )
@@ -123,7 +123,7 @@ def test_the_layer_check_sees_the_old_upward_arrows(tmp_path):
                               "if TYPE_CHECKING:\n    from fpa_lightning.config import ModelConfig\n",
         "analysis/__init__.py": "",
         "evaluation/__init__.py": "",
-        "evaluation/stats.py": "from ..analysis.stats import binomial_cdf\n",  # downward, relative
+        "evaluation/stats.py": "from ..analysis.binomial import binomial_cdf\n",  # downward, relative
         "probes/__init__.py": "",
         "probes/stats.py": "def sign_test():\n    from fpa_lightning.evaluation.stats import binomial_at_least\n",
         "unplaced.py": "",

@@ -6,8 +6,10 @@
   machine, versions, date), and a cited glob matches at least one JSON file.
 - Every record's ``source`` of the form ``git show <commit>:<path>`` names a file that commit holds (where the checkout
   has its history).
-- docs/ holds no logs, TensorBoard event files or shell scripts: a run's numbers go into a record, its logs stay in
-  git's history.
+- Every JSON file in a folder under benchmarks/results/ (a tool's own output, e.g. eval.py's result files or a probe
+  run's folder under benchmarks/results/probes/) is valid JSON.
+- docs/ holds no result files (JSON other than the few data files ``DOCS_JSON`` allows), logs, TensorBoard event files
+  or shell scripts: a run's numbers go into a record, its logs stay in git's history.
 - BENCHMARKS.md and the kernel log stay short pages (at most 300 lines each).
 """
 import json
@@ -25,10 +27,23 @@ MAX_LINES = {"BENCHMARKS.md": 300, "benchmarks/KERNEL_LOG.md": 300}
 CITED = re.compile(r"benchmarks/results/([\w./*-]+?\.json)")
 BARE = re.compile(r"`([\w.-]+\.json)`")
 SOURCE = re.compile(r"^git show ([0-9a-f]{7,40}):(\S+)$")
+DOCS_JSON = {
+    # the study corpus's manifest (file hashes, documents and tokens per split): input data that `lm_study.sh verify`
+    # checks a built corpus against, not a measurement
+    "docs/lm_study/corpus_manifest.json",
+    # the numbers docs/lm_study.md quotes, copied by benchmarks/lm_study_report.py from the measurements under
+    # benchmarks/results/lm_study_first/; docs/lm_study/tables.md is rendered from it (the report's --check)
+    "docs/lm_study/results.json",
+}
+"""The JSON files docs/ may hold (paths from the repository root), each with why."""
 
 
-def is_log_event_or_script(path: str) -> bool:
+def is_result_log_event_or_script(path: str) -> bool:
+    """A file of docs/ that belongs in a record or in git's history: a JSON file ``DOCS_JSON`` does not allow, a log,
+    a TensorBoard event file or a shell script."""
     name = path.rsplit("/", 1)[-1]
+    if name.endswith(".json"):
+        return path not in DOCS_JSON
     return name.endswith((".log", ".out", ".sh")) or "tfevents" in name
 
 
@@ -128,9 +143,20 @@ def docs_files(root: Path = ROOT) -> list[str]:
     return [p.relative_to(root).as_posix() for p in (root / "docs").rglob("*") if p.is_file()]
 
 
-def test_docs_hold_no_logs_event_files_or_scripts():
-    found = [path for path in docs_files() if is_log_event_or_script(path)]
+def test_docs_hold_no_result_files_logs_event_files_or_scripts():
+    found = [path for path in docs_files() if is_result_log_event_or_script(path)]
     assert found == [], "docs/ is the manual: put the numbers in a record under benchmarks/results/"
+
+
+def test_every_json_file_docs_may_hold_exists():
+    """An allowed file that moved or went away leaves ``DOCS_JSON``."""
+    assert sorted(path for path in DOCS_JSON if not (ROOT / path).is_file()) == []
+
+
+def test_every_json_file_in_a_result_folder_is_valid():
+    folders = [path for path in sorted(RESULTS.rglob("*.json")) if path.parent != RESULTS]
+    assert any(path.is_relative_to(RESULTS / "probes") for path in folders)
+    assert [problem for path in folders for problem in record_problems(path)] == []
 
 
 @pytest.mark.parametrize("name", sorted(MAX_LINES))
@@ -159,9 +185,11 @@ def test_the_checks_find_a_missing_or_malformed_record(tmp_path):
     ]
 
 
-def test_the_docs_check_names_logs_events_and_scripts():
-    assert is_log_event_or_script("docs/x/run.log") and is_log_event_or_script("docs/x/call.sh")
-    assert is_log_event_or_script("docs/x/gpu_suite.out")
-    assert is_log_event_or_script("docs/x/events.out.tfevents.1796299145.vm.9829.0")
-    assert not is_log_event_or_script("docs/lm_study/loss_curves.png")
-    assert not is_log_event_or_script("docs/training.md")
+def test_the_docs_check_names_results_logs_events_and_scripts():
+    assert is_result_log_event_or_script("docs/x/run.log") and is_result_log_event_or_script("docs/x/call.sh")
+    assert is_result_log_event_or_script("docs/x/gpu_suite.out")
+    assert is_result_log_event_or_script("docs/x/events.out.tfevents.1796299145.vm.9829.0")
+    assert is_result_log_event_or_script("docs/probes/h200_2026-12-02/probes.json")
+    assert not is_result_log_event_or_script("docs/lm_study/corpus_manifest.json")
+    assert not is_result_log_event_or_script("docs/lm_study/loss_curves.png")
+    assert not is_result_log_event_or_script("docs/training.md")

@@ -12,7 +12,7 @@ across seeds"). So the unit of a verdict is the seed: for S seeds, each seed s g
 * ``sign_test``: the exact two-sided sign test of the d_s against 0 (ties left out);
 * ``cluster_means``: one seed's evaluation-noise interval (bootstrap over its clusters).
 
-Pure numpy and exact sums (``fpa_lightning.analysis.stats``); no SciPy, no printing.
+Pure numpy and exact sums (``fpa_lightning.analysis.binomial``); no SciPy, no printing.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fpa_lightning.analysis.stats import binomial_cdf
+from fpa_lightning.analysis.binomial import binomial_cdf
 from fpa_lightning.evaluation.stats import Interval, _check_confidence, _slices
 
 LOWER_IS_BETTER, HIGHER_IS_BETTER = "lower", "higher"

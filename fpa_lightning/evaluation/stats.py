@@ -1,5 +1,5 @@
 """Interval estimates and paired tests used by the evaluation tasks (no SciPy: exact binomial sums in float64, from
-``fpa_lightning.analysis.stats``, which the probes' sign test shares).
+``fpa_lightning.analysis.binomial``, which the probes' sign test shares).
 
 * ``bootstrap_mean``: percentile bootstrap of a mean over independent units (books, sequences), one
   resample shared by every column so that per-bucket intervals come from the same resampled sets.
@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from fpa_lightning.analysis.stats import binomial_at_least, binomial_cdf
+from fpa_lightning.analysis.binomial import binomial_at_least, binomial_cdf
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ only for ``eval.py export``.
 
 ``FPAConfig`` (the ``ModelConfig``), ``FPAForCausalLM`` (the ``Decoder``), ``FPACache`` (the KV cache behind
 ``generate``); ``remote.write_remote_code`` makes a saved folder loadable with ``trust_remote_code=True`` where this
-package is not installed; ``export.save_export`` writes the folder of ``eval.py export`` (docs/hf.md).
+package is not installed; ``save_export.save_export`` writes the folder of ``eval.py export`` (docs/hf.md).
 """
 from transformers import AutoConfig, AutoModelForCausalLM
 

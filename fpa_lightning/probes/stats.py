@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from fpa_lightning.analysis.stats import binomial_at_least
+from fpa_lightning.analysis.binomial import binomial_at_least
 
 CRITERION = 0.99
 """Default success criterion: held-out accuracy at or above this, per seed."""

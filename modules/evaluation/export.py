@@ -1,4 +1,4 @@
-"""The verb ``eval.py export``: a checkpoint written as a transformers model folder (``fpa_lightning.hf.export``),
+"""The verb ``eval.py export``: a checkpoint written as a transformers model folder (``fpa_lightning.hf.save_export``),
 reloaded with our loader and with transformers, which must give the checkpoint's logits exactly.
 
 ``python eval.py export --ckpt CKPT --out DIR [--overwrite] [--impl IMPL] [--tokenizer PATH] [--device DEVICE]``
@@ -59,7 +59,7 @@ def export(model: LoadedModel, data: EvalData, out_dir: str, impl: str | None, o
     identical logits; returns ``out_dir``. The exported config keeps the implementation the model was trained with
     (``impl`` overrides it)."""
     try:
-        from fpa_lightning.hf.export import save_export
+        from fpa_lightning.hf.save_export import save_export
         from fpa_lightning.hf.modeling import FPAForCausalLM
     except ImportError as err:
         raise ValueError(f"eval.py export needs transformers: pip install -e \".[hf]\" ({err})") from err

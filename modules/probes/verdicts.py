@@ -90,9 +90,9 @@ def count_p(paper: str, successes: int, n: int) -> float:
 
 # --- the summary's sources and lines ------------------------------------------------------------------------------
 SOURCES = {
-    "h200": ("docs/probes/h200_2026-12-02/probes.json", "H200"),
-    "mqar": ("docs/probes/h200_2026-12-03_mqar_regime/probes.json", "H200"),
-    "cpu": ("docs/probes/cpu_2026-12-02_noretrieval/probes.json", "CPU"),
+    "h200": ("benchmarks/results/probes/h200_2026-12-02/probes.json", "H200"),
+    "mqar": ("benchmarks/results/probes/h200_2026-12-03_mqar_regime/probes.json", "H200"),
+    "cpu": ("benchmarks/results/probes/cpu_2026-12-02_noretrieval/probes.json", "CPU"),
 }
 """Every committed result file whose rows the summary reads: key -> (path from the repository root, device)."""
 
@@ -121,7 +121,7 @@ class Line:
 
 PENDING_MQAR_ROPE = ('python eval.py --task probes --device cuda --workers 4 --groups "mqar, paper regime, 2 layers, '
                      '32 pairs, T=256" --backends fpa_nobias1_rope sdpa_rope1 --merge '
-                     'docs/probes/h200_2026-12-03_mqar_regime --out DIR')
+                     'benchmarks/results/probes/h200_2026-12-03_mqar_regime --out DIR')
 PENDING_MQAR_512 = ('python eval.py --task probes --device cuda --devices cuda:0 cuda:1 --workers 4 --groups "mqar, '
                     'paper regime, 2 layers, 64 pairs, T=512" --backends sdpa --seeds 4 --steps 12000 --lr 0.01 0.003 '
                     '--out DIR')
@@ -130,7 +130,7 @@ PENDING_CAPACITY = ('python eval.py --task probes --device cuda --workers 12 --g
 PENDING_LABEL_SPLIT = ('python eval.py --task probes --device cuda --workers 12 --probes ladder unnamed_ladder '
                        'dip_depth --split label --out DIR')
 PENDING_DIP_DEPTH = ('python eval.py --task probes --device cuda --workers 12 --probes dip_depth --steps 2000 6000 '
-                     '--merge docs/probes/h200_2026-12-02 --out DIR')
+                     '--merge benchmarks/results/probes/h200_2026-12-02 --out DIR')
 
 LINES = [
     Line("ladder, d=4, r=6", "h200"),

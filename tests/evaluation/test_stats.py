@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from fpa_lightning.analysis.stats import binomial_cdf
+from fpa_lightning.analysis.binomial import binomial_cdf
 from fpa_lightning.evaluation.stats import Interval, bootstrap_mean, clopper_pearson, mcnemar_exact, non_inferiority
 
 

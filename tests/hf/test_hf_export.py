@@ -17,7 +17,7 @@ from transformers.dynamic_module_utils import get_relative_import_files  # noqa:
 
 from fpa_lightning import Decoder, ModelConfig  # noqa: E402
 from fpa_lightning.generation import generate  # noqa: E402
-from fpa_lightning.hf.export import save_export  # noqa: E402
+from fpa_lightning.hf.save_export import save_export  # noqa: E402
 from fpa_lightning.hf.remote import (  # noqa: E402
     AUTO_MAP,
     ENTRY_FILES,

@@ -10,7 +10,7 @@ from _file_modes import mode, umask
 import transformers  # noqa: E402,F401  declared in the dev extra: a broken install fails here rather than skips
 from fpa_lightning import Decoder, ModelConfig  # noqa: E402
 from fpa_lightning.export import CARD_MARKER, load_hf  # noqa: E402
-from fpa_lightning.hf.export import ExportExistsError, save_export  # noqa: E402
+from fpa_lightning.hf.save_export import ExportExistsError, save_export  # noqa: E402
 
 
 def tiny_decoder(seed: int = 0) -> Decoder:

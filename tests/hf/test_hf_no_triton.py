@@ -13,7 +13,7 @@ import transformers  # noqa: E402,F401  declared in the dev extra: a broken inst
 import fpa_lightning  # noqa: E402
 from fpa_lightning import Decoder, ModelConfig  # noqa: E402
 from fpa_lightning.generation import generate  # noqa: E402
-from fpa_lightning.hf.export import save_export  # noqa: E402
+from fpa_lightning.hf.save_export import save_export  # noqa: E402
 
 # as a CPU-only install: importing triton (or any triton.*) fails as for a package that is not there
 NO_TRITON = """

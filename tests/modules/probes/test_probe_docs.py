@@ -1,5 +1,6 @@
-"""docs/probes.md against the repository it describes (this file reads the committed results under docs/probes/:
-checking the page against them is its purpose; other probe tests read fixtures under tests/probes/fixtures/).
+"""docs/probes.md against the repository it describes (this file reads the committed probe results under
+benchmarks/results/probes/: checking the page against them is its purpose; other probe tests read fixtures under
+tests/probes/fixtures/).
 
 - Every relative link, and every repository path in a code span, points to an existing file or folder.
 - Every section of docs/probes.md that the code cites by name (the page, a comma, the quoted heading) exists.
@@ -27,7 +28,7 @@ from modules.probes.verdicts import SOURCES, load_sources, sign_family, summary_
 ROOT = Path(__file__).resolve().parents[3]
 DOCS = ROOT / "docs"
 PAGE = DOCS / "probes.md"
-RESULTS = DOCS / "probes"
+RESULTS = ROOT / "benchmarks" / "results" / "probes"
 REPO_DIRS = ("docs/", "fpa_lightning/", "modules/", "examples/", "tests/", "benchmarks/")
 
 
@@ -110,7 +111,7 @@ def test_every_section_the_code_cites_exists():
 
 # --- the summary of the paper's rows, generated from the committed results -----------------------------------------
 SUMMARY = "<!-- summary: modules/probes/verdicts.py -->"
-RUN = "docs/probes/h200_2026-12-02/probes.json"
+RUN = "benchmarks/results/probes/h200_2026-12-02/probes.json"
 
 
 def test_the_summary_is_the_committed_results():
@@ -182,7 +183,7 @@ def table_section(heading: str) -> str:
 
 
 def test_the_mqar_regime_rows_were_trained_on_the_gpu():
-    rows = results(ROOT / "docs/probes/h200_2026-12-03_mqar_regime/probes.json")["rows"]
+    rows = results(RESULTS / "h200_2026-12-03_mqar_regime/probes.json")["rows"]
     assert {(r["backend"], r["device"]) for r in rows} == {("fpa", "cuda"), ("sdpa", "cuda"), ("fpa_nobias1", "cuda")}
 
 
@@ -197,7 +198,7 @@ def test_the_runs_own_probes_md_is_its_json():
 
 
 def test_the_longer_budget_sentence_is_its_json():
-    c = cells(ROOT / "docs/probes/cpu_2026-12-02_unnamed_ladder_4500/rows.json")
+    c = cells(RESULTS / "cpu_2026-12-02_unnamed_ladder_4500/rows.json")
     parts = [f"{c[(f'unnamed ladder, d=4, r={r}', 'fpa')][3]} (mean {c[(f'unnamed ladder, d=4, r={r}', 'fpa')][5]}) "
              f"at r = {r}" for r in (10, 14, 18)]
     assert "4500 steps" in c[("unnamed ladder, d=4, r=10", "fpa")][2]

@@ -3,7 +3,7 @@ from math import comb
 
 import pytest
 
-from fpa_lightning.analysis.stats import binomial_at_least, binomial_cdf
+from fpa_lightning.analysis.binomial import binomial_at_least, binomial_cdf
 
 
 def test_binomial_cdf_matches_direct_sum():

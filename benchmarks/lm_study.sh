@@ -11,8 +11,14 @@
 #   bash benchmarks/lm_study.sh compare fpa fox             # eval.py seeds for each task both sides have (CPU is fine)
 #   bash benchmarks/lm_study.sh summary                     # every finished run's final losses, then status.tsv
 #   bash benchmarks/lm_study.sh pack FILE.tar.gz            # the results without checkpoints or event files' images
+# The retrieval arm (configs/study/retrieval_*.yaml: the corpus mixed with synthetic retrieval documents):
+#   SHARES="0.05 0.1 0.2" bash benchmarks/lm_study.sh pilot # FPA, seed 0, per share: pass keys at the training length;
+#                                                           #   pilot.json: the smallest share finding 90 % of them
+#   SHARE=0.1 SEEDS="0 1 2" bash benchmarks/lm_study.sh retrieval fpa fox sdpa   # train + evaluate at one share
+#   bash benchmarks/lm_study.sh compare retrieval_fpa_share0.1 retrieval_fox_share0.1
 #
-# A unit is one (backend, learning rate, seed): its run is named study_<backend>_lr<lr>_s<seed> (the seed and the
+# A unit is one (backend, learning rate, seed), and for the retrieval arm its synthetic share: its run is named
+# study_<backend>_lr<lr>_s<seed>, or study_retrieval_<backend>_share<share>_lr<lr>_s<seed> (the seed and the
 # rate are in the name, in the run's config.yaml and in every eval JSON, which reads them from the checkpoint).
 # Resuming across GPU leases: a unit whose evaluations are all in $RESULTS is skipped; one trained in an earlier lease
 # whose checkpoint is gone but whose evaluations are incomplete is trained again, and its new final losses are
@@ -20,11 +26,15 @@
 # Carry $RESULTS (without checkpoints: `pack`) into the next lease and run the same command.
 #
 # Environment:
-#   SEEDS      initialisation seeds (seed_everything), default "0"
+#   SEEDS      initialisation seeds (seed_everything), default "0" (the pilot: 0)
+#   SHARES     the pilot's synthetic shares, default "0.05 0.1 0.2"; SHARE: the retrieval mode's one share
 #   VARY_DATA  1: the data order's seed follows the initialisation seed (default 0: one data order for every run)
 #   LRS        peak learning rates, default "1e-3" (configs/base/110m.yaml's; a test keeps the two equal)
 #   EVALS      evaluation groups per unit, default "loss long passkey ruler babilong prune" (the tasks that compare);
-#              also: evict (cache_prune with real eviction), generate, lm_eval (needs lm-evaluation-harness)
+#              also: evict (cache_prune with real eviction), generate, lm_eval (needs lm-evaluation-harness). In the
+#              retrieval arm pass keys are 100 trials at 1, 1.5, 2, 4 and 8 times the training length, and prune
+#              adds cache_prune's pass keys under the threshold -10 (1 and 4 times); the pilot evaluates passkey1x
+#              (pass keys at the training length) alone
 #   PARALLEL   units trained side by side on the one GPU (default 1; 2 overlaps start-up, data and evaluation)
 #   CORPUS     the corpus folder (default data/corpus: python -m datamodules.build_corpus --out data/corpus)
 #   RESULTS    where runs/, eval/, compare/, logs/ and status.tsv go (default lm_study_results)
@@ -35,6 +45,7 @@
 #   STOP_AFTER no unit (training) or comparison starts after this many seconds; a unit that started still runs its
 #              evaluations (a machine that runs one command for at most N minutes runs the study as several
 #              commands: what finished is skipped on the next call)
+#   DRY_RUN=1  print every step's command instead of running it (nothing is trained or evaluated)
 # Every step's command, exit code and seconds go to $RESULTS/status.tsv; a failed step does not stop the others, and
 # the script exits non-zero if any step failed.
 set -uo pipefail
@@ -43,6 +54,7 @@ corpus=${CORPUS:-data/corpus}
 results=${RESULTS:-lm_study_results}
 seeds=(${SEEDS:-0})
 lrs=(${LRS:-1e-3})
+shares=(plain)  # the arm of every unit: plain (configs/study/<backend>.yaml), or a synthetic share (the retrieval arm)
 evals=(${EVALS:-loss long passkey ruler babilong prune})
 parallel=${PARALLEL:-1}
 export PYTHONUNBUFFERED=1 PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
@@ -65,13 +77,13 @@ if [ "${SMOKE:-0}" = 1 ]; then  # the shape and lengths shrunk so that every ste
                  --trainer.callbacks.context_multiple=2 --trainer.callbacks.n_documents=1)
     eval_common=(--device cpu --precision 32)
     trials=2; ruler_trials=1; ruler_factors="4 8 16"; prune_docs=2; max_docs=(--max-docs 8); real_eviction_docs=1
-    max_new_tokens=8
+    max_new_tokens=8; retrieval_trials=2
 else
     context=2048
     train_shape=()
     eval_common=(--device cuda --precision bf16)
     trials=50; ruler_trials=10; ruler_factors="2 4 8"; prune_docs=8; max_docs=(); real_eviction_docs=2
-    max_new_tokens=96
+    max_new_tokens=96; retrieval_trials=100
 fi
 tokenizer_train=(); tokenizer_eval=()
 if [ -n "${TOKENIZER:-}" ]; then
@@ -79,10 +91,12 @@ if [ -n "${TOKENIZER:-}" ]; then
 fi
 
 too_late() { [ -n "${STOP_AFTER:-}" ] && [ "$SECONDS" -ge "$STOP_AFTER" ]; }
+dry_run() { [ "${DRY_RUN:-0}" = 1 ]; }  # every step printed, none run, no earlier run moved or removed
 
 # step NAME COMMAND...: run, log to logs/NAME.log, record "NAME exit seconds command" in status.tsv
 step() {
     local name=$1; shift
+    dry_run && { echo "== $name (dry run): $*"; return 0; }
     local start=$SECONDS
     echo "== $name: $*"
     "$@" >"$results/logs/$name.log" 2>&1
@@ -94,36 +108,58 @@ step() {
     return "$code"
 }
 
-run_name() { echo "study_$1_lr$2_s$3"; }  # backend lr seed
-ckpt() { ls "$results/runs/$1"/version_*/checkpoints/last.ckpt 2>/dev/null | tail -n 1; }
+run_name() {  # backend lr seed [share]
+    case ${4:-plain} in plain) echo "study_$1_lr$2_s$3" ;; *) echo "study_retrieval_$1_share$4_lr$2_s$3" ;; esac
+}
+ckpt() {  # the run's last checkpoint (where it will be, when there is none yet)
+    ls "$results/runs/$1"/version_*/checkpoints/last.ckpt 2>/dev/null | tail -n 1 | grep . \
+        || echo "$results/runs/$1/version_0/checkpoints/last.ckpt"
+}
+has_bias() { [[ $1 != study_sdpa_* && $1 != study_retrieval_sdpa_* ]]; }  # softmax has none: nothing to prune
 
 verify() { step verify "$python" -m datamodules.build_corpus --verify "$corpus"; }
 
-# train BACKEND LR SEED: one training; on success runs/<name>/final.json holds its final losses
+# train BACKEND LR SEED SHARE: one training; on success runs/<name>/final.json holds its final losses
 train() {
-    local backend=$1 lr=$2 seed=$3 name
+    local backend=$1 lr=$2 seed=$3 share=$4 name config=configs/study/$1.yaml arm=()
     name=$(run_name "$@")
+    if [ "$share" != plain ]; then
+        config=configs/study/retrieval_$backend.yaml; arm=(--data.init_args.mixture_weights.retrieval="$share")
+    fi
     local data_seed=()
     [ "${VARY_DATA:-0}" = 1 ] && data_seed=(--data.init_args.seed="$seed")
     local previous="$results/runs/$name/final.json"
-    [ -f "$previous" ] && mv "$previous" "$results/runs/$name.final_before.json"
-    rm -rf "$results/runs/$name"  # an interrupted or earlier lease's run: start that unit afresh
-    step "train_$name" "$python" train.py fit --config "configs/study/$backend.yaml" \
+    if ! dry_run; then  # an interrupted or earlier lease's run: start that unit afresh (its record kept to compare)
+        [ -f "$previous" ] && mv "$previous" "$results/runs/$name.final_before.json"
+        rm -rf "$results/runs/$name"
+    fi
+    step "train_$name" "$python" train.py fit --config "$config" "${arm[@]}" \
         --trainer.logger.init_args.save_dir="$results/runs" --trainer.logger.init_args.name="$name" \
         --seed_everything="$seed" --model.optim.lr="$lr" "${data_seed[@]}" \
         --data.init_args.source="$corpus/slimpajama" "${tokenizer_train[@]}" "${train_shape[@]}" ${TRAIN_ARGS:-} \
         || return 1
+    dry_run && return 0
     "$python" benchmarks/lm_study_runs.py final "$results/runs/$name" --backend "$backend" --lr "$lr" \
         --seed "$seed" --compare-with "$results/runs/$name.final_before.json"
 }
 
-lengths() { local f out=(); for f in "$@"; do out+=($((context * f))); done; echo "${out[@]}"; }
+lengths() { local f out=(); for f in "$@"; do out+=($((context * $f))); done; echo "${out[@]}"; }  # 3/2: 1.5x
+
+# The pass keys of the units that follow: the plain arm's (none under pruning: unpruned, every model scored 0), or
+# with retrieval_arm SHARE... the retrieval arm's at those shares: 100 trials a length, and under pruning at -10
+passkey_args=(--lengths $(lengths 1 2 4 8) --trials "$trials"); prune_passkeys=(--passkey-lengths)
+retrieval_arm() {
+    shares=("$@")
+    passkey_args=(--lengths $(lengths 1 3/2 2 4 8) --trials "$retrieval_trials")
+    prune_passkeys=(--passkey-lengths $(lengths 1 4) --trials "$retrieval_trials")
+}
 
 # eval_task GROUP: the eval.py task of an evaluation group, and the folder its results go to (eval/<name>/<folder>)
 eval_task() {
     case $1 in
     loss) echo "test_loss test_loss" ;; long) echo "pg19_long pg19_long" ;; prune) echo "cache_prune cache_prune" ;;
-    evict) echo "cache_prune cache_prune_real" ;; passkey|ruler|babilong|generate|lm_eval) echo "$1 $1" ;;
+    evict) echo "cache_prune cache_prune_real" ;; passkey1x) echo "passkey passkey_1x" ;;
+    passkey|ruler|babilong|generate|lm_eval) echo "$1 $1" ;;
     *) return 1 ;;
     esac
 }
@@ -133,15 +169,16 @@ evaluate() {
     local name=$1 group=$2 args=() task folder
     read -r task folder < <(eval_task "$group") || { echo "unknown eval group $group" >&2; failed=1; return 1; }
     # a model without a bias (softmax) has nothing to prune: its window comparison needs FPA's kept size
-    [[ $task == cache_prune && $name == study_sdpa_* ]] && return 0
+    [[ $task == cache_prune ]] && ! has_bias "$name" && return 0
     case $group in
     loss)     args=(--data "$corpus/slimpajama" "${max_docs[@]}") ;;
     long)     args=(--data "$corpus/pg19" --max-len "$((context * 8))") ;;
-    passkey)  args=(--lengths $(lengths 1 2 4 8) --trials "$trials") ;;
+    passkey)  args=("${passkey_args[@]}") ;;
+    passkey1x) args=(--lengths "$context" --trials "$retrieval_trials") ;;
     ruler)    args=(--data "$corpus/pg19" --lengths $(lengths $ruler_factors) --trials "$ruler_trials") ;;
     babilong) args=(--data "$corpus/pg19" --lengths $(lengths 1 2 4) --trials "$ruler_trials") ;;
     prune)    args=(--data "$corpus/pg19" --thresholds -10 -5 --lengths $(lengths 1 4) --max-docs "$prune_docs"
-                    --passkey-lengths) ;;
+                    "${prune_passkeys[@]}") ;;
     evict)    args=(--data "$corpus/pg19" --real-eviction --thresholds -10 --lengths "$context"
                     --max-docs "$real_eviction_docs" --passkey-lengths) ;;
     generate) args=(--max-new-tokens "$max_new_tokens" --prompt "And God said unto Moses," "def fibonacci(n):"
@@ -158,33 +195,33 @@ evals_done() {  # NAME: every requested evaluation of the unit has its JSON
     local name=$1 group task folder
     for group in "${evals[@]}"; do
         read -r task folder < <(eval_task "$group") || return 1
-        [[ $task == cache_prune && $name == study_sdpa_* ]] && continue
+        [[ $task == cache_prune ]] && ! has_bias "$name" && continue
         [ -f "$results/eval/$name/$folder/$task.json" ] || return 1
     done
 }
 
-# unit BACKEND LR SEED [train-only]: train unless finished (or its checkpoint is still here), then evaluate
+# unit BACKEND LR SEED SHARE [train-only]: train unless finished (or its checkpoint is still here), then evaluate
 unit() {
-    local backend=$1 lr=$2 seed=$3 only=${4:-} name
-    name=$(run_name "$backend" "$lr" "$seed")
+    local backend=$1 lr=$2 seed=$3 share=$4 only=${5:-} name
+    name=$(run_name "$backend" "$lr" "$seed" "$share")
     if [ -f "$results/runs/$name/final.json" ] && { [ -n "$only" ] || evals_done "$name"; }; then
         echo "== $name: finished before, skipped"; return 0
     fi
     too_late && { echo "== $name: not started (STOP_AFTER reached)"; return 1; }
-    if [ ! -f "$results/runs/$name/final.json" ] || [ -z "$(ckpt "$name")" ]; then
-        train "$backend" "$lr" "$seed" || return 1
+    if [ ! -f "$results/runs/$name/final.json" ] || [ ! -f "$(ckpt "$name")" ]; then
+        train "$backend" "$lr" "$seed" "$share" || return 1
     fi
     [ -n "$only" ] && return 0
     local group
     for group in "${evals[@]}"; do evaluate "$name" "$group"; done
 }
 
-# units BACKEND... [train-only]: every (backend, lr, seed), PARALLEL lanes side by side
+# units BACKEND... [train-only]: every (backend, lr, seed, share), PARALLEL lanes side by side
 units() {
     local only=$1; shift
-    local list=() backend lr seed
-    for seed in "${seeds[@]}"; do for lr in "${lrs[@]}"; do for backend in "$@"; do
-        list+=("$backend $lr $seed"); done; done; done
+    local list=() backend lr seed share
+    for seed in "${seeds[@]}"; do for lr in "${lrs[@]}"; do for share in "${shares[@]}"; do for backend in "$@"; do
+        list+=("$backend $lr $seed $share"); done; done; done; done
     local lane pids=()
     for ((lane = 0; lane < parallel; lane++)); do
         (for ((i = lane; i < ${#list[@]}; i += parallel)); do unit ${list[$i]} $only; done; exit "$failed") &
@@ -207,6 +244,19 @@ compare() {
     done
 }
 
+# pilot: FPA's retrieval arm at every share of SHARES (seed 0), pass keys at the training length, pilot.json
+pilot() {
+    retrieval_arm ${SHARES:-0.05 0.1 0.2}; seeds=(0); evals=(passkey1x)
+    units "" fpa
+    local runs=() lr share
+    for lr in "${lrs[@]}"; do for share in "${shares[@]}"; do
+        runs+=(--run "$share" "$lr" 0 "$results/eval/$(run_name fpa "$lr" 0 "$share")/passkey_1x/passkey.json")
+    done; done
+    echo "== pilot summary: $results/pilot.json"
+    dry_run && return 0
+    "$python" benchmarks/lm_study_pilot.py --out "$results/pilot.json" --length "$context" "${runs[@]}" || failed=1
+}
+
 summary() {
     echo "== finished runs (runs/*/final.json)"
     "$python" benchmarks/lm_study_runs.py finals "$results/runs"
@@ -221,9 +271,13 @@ case $command in
     sweep)   seeds=(0); units train-only "${backends[@]}" ;;
     compare) compare "${1:?compare needs two backends}" "${2:?compare needs two backends}" ;;
     all)     verify && units "" "${backends[@]}"; compare fpa fox; compare fpa sdpa ;;
+    pilot)   pilot ;;
+    retrieval) retrieval_arm ${SHARE:?the retrieval mode needs SHARE, a synthetic share (pilot.json picks one)}
+             units "" "${backends[@]}" ;;
     summary) ;;
     pack)    tar --exclude='*.ckpt' -czf "${1:?pack needs an output file}" "$results" && ls -l "$1" ;;
-    *)       echo "usage: $0 verify|all|run [BACKEND...]|sweep [BACKEND...]|compare A B|summary|pack FILE" >&2; exit 2 ;;
+    *)       echo "usage: $0 verify|all|run [BACKEND...]|sweep [BACKEND...]|pilot|retrieval [BACKEND...]|compare A B|" \
+                  "summary|pack FILE" >&2; exit 2 ;;
 esac
 summary
 exit "$failed"

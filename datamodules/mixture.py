@@ -153,9 +153,12 @@ def _entry(name: str, entry, probability: float, weight) -> MixtureEntry:
     options = {}
     for key, default in defaults.items():
         value = entry.get(key, default)
-        if key != "filler" and value is not None:
+        if key not in ("filler", "distance_law") and value is not None:
             value = _count(value, f"{option}.{key}")
         options[key] = value
+    if options["distance_law"] not in retrieval_synth.DISTANCE_LAWS:
+        raise MixtureError(f"data option {option}.distance_law must be one of "
+                           f"{', '.join(retrieval_synth.DISTANCE_LAWS)}, got {options['distance_law']!r}")
     for key in ("min_tokens", "max_distance"):
         if options[key] is not None and options[key] < retrieval_synth.MIN_SPAN:
             raise MixtureError(f"data option {option}.{key} must be >= {retrieval_synth.MIN_SPAN} tokens, got "

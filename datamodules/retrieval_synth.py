@@ -19,6 +19,18 @@ rooms and three objects; none of those formats, names, words or templates is use
 "Question:"/"Answer:" frame or repeated noise sentence (``tests/datamodules/test_retrieval_synth.py`` checks this
 against the evaluation's own templates and keys). The filler is prose of the mixture's train data.
 
+Distances. A recall's distance (tokens from its fact's first token to the end of the recall) is drawn first, from
+``distance_law`` on [``MIN_SPAN``, ``max_distance``] (at most the document's ``max_tokens`` - 2 tokens): ``uniform``
+(the default; the study's, whose pass keys at the training length lie at uniform depths) or ``log_uniform`` (as
+many short distances as long ones per factor of two). The document is built around the draws: its length is uniform
+between the longest of them (``min_tokens`` at least) and ``max_tokens``, each fact is planned at a uniform depth that
+leaves room for its recall, and the pieces go between whole filler sentences, each within about half a sentence of
+where it is due (``_lay_out``), never past ``max_distance``. So the distances follow the law up to that rounding
+(``Fact.target_distance`` keeps the draw; ``tests/datamodules/test_retrieval_synth.py`` checks both against the law).
+Before the draw came first (version 1), a recall sat at a uniform sentence boundary after its fact in a document of
+uniform length, and the distances were mostly short (a median of about 190 tokens at ``seq_len`` 2048). What the
+documents look like, offline: ``python -m datamodules.describe_retrieval``.
+
 Lengths are counted in tokens of the data's tokenizer: every piece (a filler sentence, a fact, a recall) is tokenised
 on its own as it reads after a space and the document is the pieces joined by single spaces, which with the Mistral
 tokenizer tokenises to exactly the pieces' tokens (``datamodules.packing``), so the distances hold in the packed
@@ -27,7 +39,7 @@ stream. Document ``i`` of a shard is a pure function of (seed, source name, pass
 
 from __future__ import annotations
 
-import bisect
+import math
 import random
 import re
 from collections.abc import Iterator, Sequence
@@ -36,7 +48,7 @@ from dataclasses import dataclass, field
 from . import sources
 
 GENERATOR = "retrieval"
-VERSION = 1  # in the resume fingerprint: a change of templates or of the draws is a change of data
+VERSION = 2  # in the resume fingerprint: a change of templates or of the draws is a change of data (2: distance laws)
 
 FIRST_NAMES = ("Ottilie", "Barnaby", "Wilhelmina", "Caspian", "Imogen", "Leopold", "Rosalind", "Thaddeus", "Philippa",
                "Evander", "Marisol", "Ignatius", "Seraphine", "Alaric", "Henrietta", "Desmond", "Perpetua", "Ambrose",
@@ -104,7 +116,8 @@ RECALL_PROBABILITY = 0.8  # a fact is recalled with this probability (the others
 
 #: options of a ``synthetic: retrieval`` mixture source, and their defaults (``RetrievalSource`` says what None means)
 OPTIONS = {"filler": None, "min_tokens": None, "max_tokens": None, "max_distance": None, "max_facts": 4,
-           "filler_chars": 1_000_000}
+           "filler_chars": 1_000_000, "distance_law": "uniform"}
+DISTANCE_LAWS = ("uniform", "log_uniform")  # how target distances are drawn (draw_distance)
 MIN_SPAN = 64  # tokens: the least min_tokens and max_distance (a fact and its recall take ~20-40 tokens together)
 MAX_FACTS = 8  # facts per document at most (their keys and values are distinct: 14 colours bound the draws)
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
@@ -156,6 +169,7 @@ class Fact:
     recall: str | None
     statement_start: int
     recall_end: int | None
+    target_distance: int | None = None  # the distance drawn for its recall (module docstring, "Distances")
 
     @property
     def distance(self) -> int | None:
@@ -196,15 +210,45 @@ def _draw_fact(kind: str, rng: random.Random, used: set[str]) -> tuple[str, str,
     return fresh(lambda: _person(rng)), fresh(lambda: rng.choice(COLOURS)), {"item": rng.choice(ITEMS)}
 
 
-def make_document(rng: random.Random, pool: FillerPool, encode, min_tokens: int, max_tokens: int,
-                  max_distance: int, max_facts: int) -> RetrievalDocument:
-    """One document of ``min_tokens``-``max_tokens`` tokens with BOS and EOS (a uniform draw; the filler is whole
-    sentences, so it may fall a sentence short), 1-``max_facts`` facts at uniform random depths, each recalled with
-    ``RECALL_PROBABILITY`` (one at least) at a uniform random sentence boundary after it, within ``max_distance``
-    tokens of its first token. Facts that do not fit in the length (or the distance) with the others are left out."""
-    target = rng.randint(min_tokens, max_tokens) - 2  # BOS and EOS
+def distance_range(max_tokens: int, max_distance: int) -> tuple[int, int]:
+    """The tokens [low, high] that target distances are drawn from: ``MIN_SPAN`` to ``max_distance``, within the
+    ``max_tokens - 2`` tokens of a document between its BOS and EOS."""
+    high = min(max_distance, max_tokens - 2)
+    return min(MIN_SPAN, high), high
+
+
+def draw_distance(law: str, low: int, high: int, rng: random.Random) -> int:
+    """A target distance in [low, high] tokens: ``uniform`` (every distance as likely), or ``log_uniform`` (uniform in
+    log distance, rounded: as many in [64, 128] as in [1024, 2048])."""
+    if law == "uniform":
+        return rng.randint(low, high)
+    return min(high, max(low, round(math.exp(rng.uniform(math.log(low), math.log(high))))))
+
+
+def distance_cdf(law: str, low: int, high: int, x: float) -> float:
+    """P(a target distance <= x) under ``law`` on [low, high]: the law of ``draw_distance``, integers included (a
+    log-uniform draw is k when its unrounded value is below k + 1/2)."""
+    if x < low:
+        return 0.0
+    if x >= high:
+        return 1.0
+    k = math.floor(x)
+    if law == "uniform":
+        return (k - low + 1) / (high - low + 1)
+    return min(1.0, math.log((k + 0.5) / low) / math.log(high / low))
+
+
+def distance_quantile(law: str, low: int, high: int, q: float) -> float:
+    """The distance below which a fraction ``q`` of the targets lie (the continuous form, for reading)."""
+    return low + q * (high - low) if law == "uniform" else low * (high / low) ** q
+
+
+def _draft_facts(rng: random.Random, encode, max_facts: int, limit: int):
+    """1-``max_facts`` facts: (kind, key, value, fact sentence, recall sentence) each, whether each is asked
+    (``RECALL_PROBABILITY``, one at least) and the token ids of both sentences; the last ones are left out until
+    the sentences of those asked take ``limit`` tokens at most (``limit``: the longest distance)."""
     used: set[str] = set()
-    drafts = []  # (kind, key, value, fact sentence, recall sentence)
+    drafts = []
     for _ in range(rng.randint(1, max_facts)):
         kind = rng.choice(KINDS)
         key, value, extra = _draw_fact(kind, rng, used)
@@ -213,47 +257,103 @@ def make_document(rng: random.Random, pool: FillerPool, encode, min_tokens: int,
     asked = [rng.random() < RECALL_PROBABILITY for _ in drafts]
     encoded = encode([text for draft in drafts for text in draft[3:]])
     ids = [(encoded[2 * n], encoded[2 * n + 1]) for n in range(len(drafts))]
-
-    def inserted() -> int:
-        return sum(len(s) + (len(r) if a else 0) for (s, r), a in zip(ids, asked))
-
     while True:
         if not any(asked):
             asked[rng.randrange(len(asked))] = True
-        if len(drafts) == 1 or inserted() <= min(target, max_distance):
-            break
+        if len(drafts) == 1 or _inserted(ids, asked) <= limit:
+            return drafts, asked, ids
         drafts, ids, asked = drafts[:-1], ids[:-1], asked[:-1]
-    total = inserted()
-    filler = pool.take(max(0, target - total), rng)
-    cum = [0]
-    for index in filler:
-        cum.append(cum[-1] + len(pool.ids[index]))
-    # An item goes before filler sentence `slot` (len(filler): at the end). A recall's slot keeps the filler between
-    # it and its fact within max_distance minus every inserted token (all of them could lie in between).
-    items = []  # (slot, 0 fact / 1 recall, fact number)
-    for n in range(len(drafts)):
-        slot = rng.randint(0, len(filler))
-        items.append((slot, 0, n))
-        if asked[n]:
-            last = bisect.bisect_right(cum, cum[slot] + max_distance - total) - 1
-            items.append((rng.randint(slot, max(slot, last)), 1, n))
-    items.sort()
-    texts, position, starts, ends, k = [], 0, {}, {}, 0
-    for slot in range(len(filler) + 1):
-        while k < len(items) and items[k][0] == slot:
-            _, what, n = items[k]
-            starts.setdefault(n, position)
-            texts.append(drafts[n][3 + what])
-            position += len(ids[n][what])
-            if what == 1:
-                ends[n] = position
-            k += 1
-        if slot < len(filler):
-            texts.append(pool.sentences[filler[slot]])
-            position += len(pool.ids[filler[slot]])
-    facts = [Fact(kind, key, value, statement, recall if asked[n] else None, starts[n], ends.get(n))
+
+
+def _inserted(ids, asked) -> int:
+    """Tokens of the facts and of the recalls asked."""
+    return sum(len(s) + (len(r) if a else 0) for (s, r), a in zip(ids, asked))
+
+
+def make_document(rng: random.Random, pool: FillerPool, encode, min_tokens: int, max_tokens: int,
+                  max_distance: int, max_facts: int, distance_law: str = "uniform") -> RetrievalDocument:
+    """One document of at most ``max_tokens`` tokens with BOS and EOS, built around its distances (module
+    docstring, "Distances"): 1-``max_facts`` facts, each asked with ``RECALL_PROBABILITY`` (one at least) at a
+    target distance drawn from ``distance_law`` on ``distance_range``; the length is uniform in [the longest target
+    (``min_tokens`` at least), ``max_tokens``]; each fact is planned at a uniform depth that leaves room for its
+    recall, and ``_lay_out`` places the pieces between filler sentences."""
+    low, high = distance_range(max_tokens, max_distance)
+    drafts, asked, ids = _draft_facts(rng, encode, max_facts, high)
+    targets = {n: draw_distance(distance_law, low, high, rng) for n in range(len(drafts)) if asked[n]}
+    inserted = _inserted(ids, asked)
+    content = rng.randint(max(min_tokens - 2, max(targets.values()), inserted), max_tokens - 2)  # BOS, EOS out
+    planned = [rng.randint(0, content - targets.get(n, len(ids[n][0]))) for n in range(len(drafts))]
+    run = pool.take(max_tokens - 2 - inserted, rng)  # the most filler that fits; the layout stops near `content`
+    order, starts, ends, tokens = _lay_out([len(pool.ids[i]) for i in run], [(len(s), len(r)) for s, r in ids],
+                                           planned, targets, content, max_distance)
+    texts = [pool.sentences[run[n]] if what == "filler" else drafts[n][3 + (what == "recall")] for what, n in order]
+    facts = [Fact(kind, key, value, statement, recall if asked[n] else None, starts[n], ends.get(n), targets.get(n))
              for n, (kind, key, value, statement, recall) in enumerate(drafts)]
-    return RetrievalDocument(" ".join(texts), position, facts)
+    return RetrievalDocument(" ".join(texts), tokens, facts)
+
+
+def _lay_out(filler: list[int], sizes: list[tuple[int, int]], planned: list[int], targets: dict[int, int],
+             content: int, max_distance: int):
+    """The order of a document's pieces, left to right: filler sentences (``filler``: their tokens, in order), facts
+    (``sizes[n]``: tokens of fact n's sentence and of its recall) and the recalls asked (``targets``: fact ->
+    target distance).
+
+    A fact is due at its ``planned`` first token, a recall at its fact's actual first token plus its target minus its
+    own length; the next filler sentence goes in unless a piece is due before its middle, so a piece lands within
+    half a sentence of where it is due (later when other pieces are due at the same place), and the pieces after the
+    filler runs out go at the end. The filler stops within half a sentence of ``content`` tokens once nothing is
+    due. No recall ends more than ``max_distance`` tokens after its fact's first token: before anything goes in, the
+    recalls waiting must still fit in that, placed earliest deadline first after it; otherwise the first of them goes
+    in now (always possible while the facts and recalls of a document take ``max_distance`` tokens at most).
+
+    Returns (order: ("filler" | "fact" | "recall", index), facts' first tokens, recalls' ends, tokens in all)."""
+    order, starts, ends = [], {}, {}
+    waiting_facts = set(range(len(sizes)))
+    waiting_recalls: dict[int, int] = {}  # fact -> the last token its recall may end at
+    position, next_sentence = 0, 0
+
+    def fits(extra: int, recalls: dict[int, int]) -> bool:
+        end = position + extra
+        for n, deadline in sorted(recalls.items(), key=lambda item: (item[1], item[0])):
+            end += sizes[n][1]
+            if end > deadline:
+                return False
+        return True
+
+    def put(what: str, n: int) -> None:
+        nonlocal position
+        recalls = dict(waiting_recalls)
+        if what == "recall":
+            del recalls[n]
+        size = filler[n] if what == "filler" else sizes[n][what == "recall"]
+        asks = what == "fact" and n in targets  # its recall joins those waiting
+        while not fits(size, {**recalls, **({n: position + max_distance} if asks else {})}):
+            first = min(recalls, key=lambda m: (recalls[m], m))  # never n: a recall first in line always fits
+            put("recall", first)
+            del recalls[first]
+        order.append((what, n))
+        if what == "fact":
+            starts[n] = position
+            waiting_facts.discard(n)
+            if asks:
+                waiting_recalls[n] = position + max_distance
+        elif what == "recall":
+            ends[n] = position + size
+            del waiting_recalls[n]
+        position += size
+
+    while True:
+        due = [(planned[n], 0, n) for n in waiting_facts]
+        due += [(starts[n] + targets[n] - sizes[n][1], 1, n) for n in waiting_recalls]
+        sentence = filler[next_sentence] if next_sentence < len(filler) else None
+        if due and (sentence is None or min(due)[0] <= position + sentence / 2):
+            _, is_recall, n = min(due)
+            put("recall" if is_recall else "fact", n)
+        elif sentence is not None and (due or position + sentence / 2 <= content):
+            put("filler", next_sentence)
+            next_sentence += 1
+        else:
+            return order, starts, ends, position
 
 
 class RetrievalSource:
@@ -271,13 +371,18 @@ class RetrievalSource:
         max_distance: the most tokens from a fact's first token to the end of its recall (None: ``seq_len``).
         max_facts: facts per document (1 to this many).
         filler_chars: characters of prose read for the filler pool.
+        distance_law: how a recall's target distance is drawn: ``uniform`` or ``log_uniform`` on ``distance_range``
+            (module docstring, "Distances").
     """
 
     def __init__(self, name: str, filler, tokenizer, seq_len: int, min_tokens: int | None = None,
                  max_tokens: int | None = None, max_distance: int | None = None, max_facts: int = 4,
-                 filler_chars: int = 1_000_000):
+                 filler_chars: int = 1_000_000, distance_law: str = "uniform"):
         self.name, self.filler, self.tokenizer = name, filler, tokenizer
-        self.max_facts, self.filler_chars = max_facts, filler_chars
+        self.max_facts, self.filler_chars, self.distance_law = max_facts, filler_chars, distance_law
+        if distance_law not in DISTANCE_LAWS:
+            raise ValueError(f"mixture source {name!r}: distance_law must be one of {', '.join(DISTANCE_LAWS)}, got "
+                             f"{distance_law!r}")
         self.max_tokens = seq_len if max_tokens is None else max_tokens
         self.min_tokens = max(MIN_SPAN, self.max_tokens // 16) if min_tokens is None else min_tokens
         self.max_distance = seq_len if max_distance is None else max_distance
@@ -299,7 +404,7 @@ class RetrievalSource:
     def options(self) -> dict:
         return {"generator": GENERATOR, "version": VERSION, "min_tokens": self.min_tokens,
                 "max_tokens": self.max_tokens, "max_distance": self.max_distance, "max_facts": self.max_facts,
-                "filler_chars": self.filler_chars}
+                "filler_chars": self.filler_chars, "distance_law": self.distance_law}
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
         return [e.ids for e in self.tokenizer.encode_batch(list(texts), add_special_tokens=False)]
@@ -334,7 +439,7 @@ class RetrievalSource:
     def document(self, seed: int, epoch: int, shard: int, index: int) -> RetrievalDocument:
         rng = random.Random(f"{GENERATOR}/{seed}/{self.name}/{epoch}/{shard}/{index}")
         return make_document(rng, self.pool(seed), self.encode, self.min_tokens, self.max_tokens,
-                             self.max_distance, self.max_facts)
+                             self.max_distance, self.max_facts, self.distance_law)
 
     def records(self, num_shards: int, shard: int, seed: int, epoch: int) -> Iterator[sources.Record]:
         index = 0
@@ -348,3 +453,4 @@ def _describe(source) -> str:
         return f"hub {source.hub_id!r} split {source.hub_split!r}"
     files = getattr(source, "files", ())
     return f"{len(files)} file(s)" + (f", {files[0]} ..." if files else "")
+

@@ -49,7 +49,9 @@ def test_retrieval_base_builds_the_study_model_and_mixture():
     assert isinstance(dm, SlimPajamaDataModule)
     assert (dm.seq_len, dm.batch_size, cli.trainer.max_steps) == (2048, 32, 390)
     assert {e.name: e.probability for e in dm.mixture} == pytest.approx({"corpus": 0.9, "retrieval": 0.1})
-    assert dict(dm.mixture[1].options)["filler"] == "corpus"
+    options = dict(dm.mixture[1].options)
+    assert options["filler"] == "corpus" and options["distance_law"] == "uniform"  # distances up to 2048, uniform
+    assert (options["max_distance"], options["max_tokens"]) == (None, None)  # both the training length, seq_len
 
 
 @pytest.fixture(scope="module")

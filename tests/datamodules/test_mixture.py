@@ -73,11 +73,11 @@ def module(**kw) -> TextDataModule:
     return dm
 
 
-def mixture_dm(root, weights=None, **kw):
+def mixture_dm(root, weights=None, synth=SYNTH, **kw):
     """A module over folder a, mixing a (its own train data), b (other files and text field), the prose and a
-    synthetic source."""
+    synthetic source (options ``synth``)."""
     mixture = {"a": {}, "b": {"source": str(root / "b"), "train_files": "train.jsonl", "text_field": "body"},
-               "prose": {"train_files": str(root / "prose" / "train.jsonl")}, "synth": SYNTH}
+               "prose": {"train_files": str(root / "prose" / "train.jsonl")}, "synth": synth}
     weights = weights or {"a": 0.4, "b": 0.3, "prose": 0.1, "synth": 0.2}
     kw = {"seq_len": 32, "batch_size": 4, "num_workers": 0, "mixture": mixture, "mixture_weights": weights, **kw}
     return module(source=str(root / "a"), **kw)
@@ -164,6 +164,10 @@ def test_a_changed_mixture_is_not_resumed(folders):
     other = mixture_dm(folders, {"a": 0.5, "b": 0.2, "prose": 0.1, "synth": 0.2})
     with pytest.raises(DataChangedError, match=r"mixture\.a probability 0\.4 -> 0\.5"):
         other.load_state_dict(state)
+    other = mixture_dm(folders, synth={**SYNTH, "distance_law": "log_uniform"})  # other documents: a change of data
+    with pytest.raises(DataChangedError, match=r"mixture\.synth generator .*'distance_law': 'uniform'.* -> "
+                                               r".*'distance_law': 'log_uniform'"):
+        other.load_state_dict(state)
     with pytest.raises(DataChangedError, match="a mixture -> a single source"):
         module(source=str(folders / "a"), seq_len=32, batch_size=4, num_workers=0).load_state_dict(state)
 
@@ -217,6 +221,8 @@ GOOD = {"a": {}, "s": {"synthetic": "retrieval"}}
      r"mixture\.s\.max_distance must be >= 64"),
     ({"a": {}, "s": {"synthetic": "retrieval", "max_facts": 20}}, {"a": 1, "s": 1},
      r"mixture\.s: max_facts must be 1 to 8"),
+    ({"a": {}, "s": {"synthetic": "retrieval", "distance_law": "normal"}}, {"a": 1, "s": 1},
+     r"mixture\.s\.distance_law must be one of uniform, log_uniform, got 'normal'"),
 ])
 def test_bad_mixture_options_are_clear_errors(mixture, weights, message):
     with pytest.raises(MixtureError, match=message):

@@ -1,8 +1,11 @@
 """The synthetic retrieval documents (datamodules.retrieval_synth): deterministic for a seed, every asked fact stated
-earlier in the same document, distances within the limit (counted in the tokenizer's tokens), and disjoint from the
+earlier in the same document, distances within the limit (counted in the tokenizer's tokens) and following their law
+(uniform or log-uniform, within the sampling error and the construction's rounding), and disjoint from the
 evaluation's pass-key, RULER and BABILong tasks by construction: their templates, key/value formats, vocabularies
 and filler, imported from fpa_lightning.evaluation (never copied)."""
+import bisect
 import json
+import math
 import random
 import re
 
@@ -10,8 +13,10 @@ import pytest
 
 from datamodules import BOS_ID
 from datamodules.corpus import kjv_books
-from datamodules.retrieval_synth import (COLOURS, FIRST_NAMES, ITEMS, SURNAMES, TEMPLATES, TOWN_HEADS, TOWN_TAILS,
-                                         VALUE_FORMATS, RetrievalSource, prose_sentences)
+from datamodules.describe_retrieval import describe, main as describe_main
+from datamodules.retrieval_synth import (COLOURS, DISTANCE_LAWS, FIRST_NAMES, ITEMS, SURNAMES, TEMPLATES, TOWN_HEADS,
+                                         TOWN_TAILS, VALUE_FORMATS, RetrievalSource, distance_cdf, distance_range,
+                                         prose_sentences)
 from datamodules.stream import SplitSource
 from fpa_lightning.evaluation import babilong, passkey, ruler
 
@@ -87,7 +92,99 @@ def test_lengths_and_distances_in_tokens(tok, docs):
                 distances.append(fact.distance)
     assert max(distances) <= src.max_distance and max(distances) > src.max_distance // 2
     lengths = [doc.tokens + 2 for doc in made]  # with BOS and EOS
-    assert min(lengths) < 200 and max(lengths) > 400  # uniform in [64, 512] (whole sentences: up to one short)
+    assert min(lengths) < 200 and max(lengths) > 400  # uniform in [the longest distance, 512] (to half a sentence)
+
+
+# ------------------------------------------------------------------------------------ the distance law
+
+LAW_DOCS, ALPHA = 200, 1e-3  # documents per law; the chance that a correct generator fails a bound below
+
+
+def dkw_bound(n: int, alpha: float = ALPHA) -> float:
+    """The Dvoretzky-Kiefer-Wolfowitz bound (Massart's constant): for n independent draws of any law F,
+    P(sup_x |F_n(x) - F(x)| > eps) <= 2 exp(-2 n eps^2); the eps of probability alpha."""
+    return math.sqrt(math.log(2 / alpha) / (2 * n))
+
+
+def ks_distance(values: list[int], cdf, low: int, high: int) -> float:
+    """sup_x |F_n(x) - F(x)| of whole numbers in [low, high] against a law of whole numbers (both step at integers,
+    so the integers are every point to check)."""
+    values = sorted(values)
+    return max(abs(bisect.bisect_right(values, k) / len(values) - cdf(k)) for k in range(low - 1, high + 1))
+
+
+def modulus(cdf, low: int, high: int, shift: int) -> float:
+    """The most F(k + shift) - F(k) over k: how far moving every value by at most ``shift`` moves an empirical CDF."""
+    return max(cdf(k + shift) - cdf(k) for k in range(low - 1, high + 1))
+
+
+@pytest.fixture(scope="module")
+def study_docs(filler, tok):
+    """LAW_DOCS documents of shard 0 per distance law, at the study's length (seq_len 2048: documents of up to 2048
+    tokens, distances up to 2046: 2048 less BOS and EOS)."""
+    out = {}
+    for law in DISTANCE_LAWS:
+        src = RetrievalSource("retrieval", filler, tok, 2048, filler_chars=60_000, distance_law=law)
+        out[law] = src, [src.document(0, 0, 0, i) for i in range(LAW_DOCS)]
+    return out
+
+
+@pytest.mark.parametrize("law", DISTANCE_LAWS)
+def test_distances_follow_their_law(law, study_docs):
+    """The target distances are independent draws of the law (facts are drafted and asked before any distance is
+    drawn), so their empirical CDF is within the DKW bound of the law's; each distance is within the layout's rounding
+    of its target, so the distances' CDF is within that bound plus the most the rounding can move it."""
+    src, made = study_docs[law]
+    low, high = distance_range(src.max_tokens, src.max_distance)
+    assert (low, high) == (64, 2046)
+
+    def cdf(x):
+        return distance_cdf(law, low, high, x)
+
+    longest_sentence = max(map(len, src.pool(0).ids))
+    asked, slack = [], 0
+    for doc in made:
+        pieces = {f.key: sum(map(len, src.encode([f.statement, *([f.recall] if f.recall else [])]))) for f in doc.facts}
+        for fact in doc.facts:
+            if fact.recall is None:
+                assert fact.target_distance is None
+                continue
+            # half a sentence either side of where the recall is due, a sentence more where the filler the document
+            # holds ends before it (it stops up to a sentence short of max_tokens), and the other pieces placed first
+            rounding = 1.5 * longest_sentence + sum(pieces.values()) - pieces[fact.key]
+            assert low <= fact.target_distance <= high and fact.distance <= src.max_distance
+            assert abs(fact.distance - fact.target_distance) <= rounding
+            asked.append(fact)
+            slack = max(slack, math.ceil(rounding))
+    targets, distances = [f.target_distance for f in asked], [f.distance for f in asked]
+    assert len(asked) > 1.5 * LAW_DOCS  # 2 recalls a document on average (1-4 facts, each asked with 0.8)
+    assert ks_distance(targets, cdf, low, high) <= dkw_bound(len(targets))
+    # Version 1's distances (a median of about 190 tokens) are 0.58 from the uniform law, far outside this bound (0.22
+    # for the uniform law here; for the log-uniform law the rounding of short distances makes it loose, and the
+    # targets' bound above carries the check).
+    assert ks_distance(distances, cdf, low, high) <= dkw_bound(len(distances)) + modulus(cdf, low, high, slack)
+
+
+def test_the_distance_laws_differ(study_docs):
+    """The bound above tells the two laws apart: each law's targets are far outside it under the other law."""
+    (src, uniform), (_, log_uniform) = study_docs["uniform"], study_docs["log_uniform"]
+    low, high = distance_range(src.max_tokens, src.max_distance)
+    for made, other in ((uniform, "log_uniform"), (log_uniform, "uniform")):
+        targets = [f.target_distance for doc in made for f in doc.facts if f.recall is not None]
+        wrong = ks_distance(targets, lambda x: distance_cdf(other, low, high, x), low, high)
+        assert wrong > 3 * dkw_bound(len(targets))
+
+
+def test_describe_prints_the_distribution(filler, tok, study_docs, tmp_path, capsys):
+    src, made = study_docs["uniform"]
+    summary = describe(src, 20)  # the first 20 documents of shard 0 at seed 0: those above
+    distances = sorted(f.distance for doc in made[:20] for f in doc.facts if f.recall is not None)
+    assert summary["recalls"] == len(distances) and summary["distance"][0.5] == pytest.approx(
+        (distances[(len(distances) - 1) // 2] + distances[len(distances) // 2]) / 2)
+    assert summary["above_half"]["tokens"] == 1024 and summary["law_distance"][0.5] == pytest.approx((64 + 2046) / 2)
+    assert describe_main(["--filler", filler.files[0], "--seq-len", "512", "--documents", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "5 documents" in out and "uniform targets in [64, 510]" in out and "measured" in out and "law" in out
 
 
 def test_the_filler_is_prose_of_the_filler_source(filler, docs):

@@ -4,7 +4,8 @@
 #      overlaps), the backend wiring test, and each candidate's tests on its patched copy
 #      (benchmarks/candidates/*.patch), all in parallel;
 #   2. benchmarks/attention.py: SDPA-flash, FPA dense and with skipping, and each variant (query, dipsum, docs);
-#   3. each candidate's timing in its own process (ratios to its own SDPA-flash), beside the base of step 2.
+#   3. each candidate's timing in its own process (ratios to its own SDPA-flash), beside the base of step 2, and
+#      whether its output and gradients are the base's bit for bit (benchmarks/candidates/same_numbers.py).
 #   bash benchmarks/kernel_check.sh [results folder]
 set -uo pipefail
 out=${1:-kernel_results}
@@ -44,6 +45,7 @@ for name in "${!trees[@]}"; do
     if [[ "$last" == *" passed"* && "$last" != *failed* && "$last" != *error* ]]; then
         bash benchmarks/candidates/ab.sh time "${trees[$name]}" "$out/timing_candidate_$name.log" "$shapes" fpa,fpa-skip10 \
             || status=1
+        bash benchmarks/candidates/ab.sh same "${trees[$name]}" > "$out/same_candidate_$name.log" 2>&1 || status=1
     fi
 done
 echo
@@ -53,6 +55,7 @@ for name in "${!trees[@]}"; do
     echo "== candidate $name (timed only if its tests passed)"
     [ -f "$out/timing_candidate_$name.log" ] && bash benchmarks/candidates/ab.sh table "$name" "$out/attention.log" \
         "$out/timing_candidate_$name.log"
+    [ -f "$out/same_candidate_$name.log" ] && cat "$out/same_candidate_$name.log"
 done
 echo "== benchmarks/attention.py, one run (ratios to SDPA-flash)"
 grep "^|" "$out/attention.log"

@@ -2,11 +2,13 @@
 # GPU A/B of a kernel candidate: correctness first, then timing. Run from the repository root on the GPU machine.
 #   bash benchmarks/candidates/ab.sh PATCH [shapes] [methods]     all steps, one table at the end
 #   bash benchmarks/candidates/ab.sh tree PATCH                   only print a patched copy's folder
-#   bash benchmarks/candidates/ab.sh test DIR | time DIR LOG [shapes] [methods]
+#   bash benchmarks/candidates/ab.sh test DIR | time DIR LOG [shapes] [methods] | same DIR
 # tree: copies the library, the benchmarks and the kernel tests into a temporary folder and applies the patch there.
 # test: the GPU tests of the default variant on that copy (-x: a failure stops the A/B before any timing); AB_TESTS
 # (test files) replaces them for a candidate of another op, e.g. AB_TESTS="tests/ops/dcp/test_dcp_fused.py
 # tests/ops/selective/test_selective_fused.py" bash benchmarks/candidates/ab.sh PATCH "" dcp-fused,selective-fused.
+# same: benchmarks/candidates/same_numbers.py, the base's and the copy's output and six gradients compared bit for bit
+# (a candidate that only reorders exact operations must read "same" everywhere).
 # time: benchmarks/attention.py in that copy, in its own process; every number is a ratio to SDPA-flash measured in
 # the same process. The full run times the base the same way and prints base and candidate side by side.
 # Adopt only what is faster on the GPU, and log the A/B in benchmarks/KERNEL_LOG.md.
@@ -63,12 +65,15 @@ case "$1" in
     tree) tree "$2" ;;
     test) run_tests "$2" ;;
     time) run_timing "$2" "$3" "${4:-}" "${5:-}" ;;
+    same) python3 benchmarks/candidates/same_numbers.py . "$2" ;;
     table) table "$2" "$3" "$4" ;;
     *)
         name=$(basename "$1" .patch)
         dir=$(tree "$1")
         echo "== $name: GPU tests of the default variant on the patched copy"
         run_tests "$dir" 2>&1 | tail -3
+        echo "== $name: the same numbers as the base? (bf16, 2x2048)"
+        python3 benchmarks/candidates/same_numbers.py . "$dir"
         run_timing . "$dir/base.log" "${2:-}" "${3:-}"
         run_timing "$dir" "$dir/candidate.log" "${2:-}" "${3:-}"
         table "$name" "$dir/base.log" "$dir/candidate.log"

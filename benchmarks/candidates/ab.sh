@@ -42,22 +42,24 @@ run_timing() {  # DIR LOG [shapes] [methods]
     (cd "$1" && PYTHONPATH=. python3 benchmarks/attention.py --shapes "${3:-$SHAPES}" --methods "${4:-$METHODS}") > "$2" 2>&1
 }
 
-table() {  # NAME BASE_LOG CANDIDATE_LOG: fwd+bwd ratios side by side
-    echo "| shape | method | base fwd+bwd / flash | $1 fwd+bwd / flash |"
-    echo "|---|---|---|---|"
+table() {  # NAME BASE_LOG CANDIDATE_LOG: forward and fwd+bwd ratios side by side
+    echo "| shape | method | base fwd / flash | $1 fwd / flash | base fwd+bwd / flash | $1 fwd+bwd / flash |"
+    echo "|---|---|---|---|---|---|"
     python3 - "$2" "$3" <<'PY'
 import re, sys
-def ratios(path):
+NAN = (float("nan"),) * 4
+def ratios(path):  # (shape, method) -> (fwd ms, fwd ratio, fwd+bwd ms, fwd+bwd ratio)
     out = {}
     for line in open(path):
-        m = re.match(r"\| (\S+) \| (\S+) \| [\d.]+ \| [\d.]+ \| ([\d.]+) \| ([\d.]+) \|", line)
+        m = re.match(r"\| (\S+) \| (\S+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \|", line)
         if m and m.group(2) != "sdpa-flash":
-            out[(m.group(1), m.group(2))] = (float(m.group(3)), float(m.group(4)))
+            out[(m.group(1), m.group(2))] = tuple(float(g) for g in m.groups()[2:])
     return out
 base, cand = ratios(sys.argv[1]), ratios(sys.argv[2])
-for key, (ms, ratio) in cand.items():
-    b_ms, b_ratio = base.get(key, (float("nan"), float("nan")))
-    print(f"| {key[0]} | {key[1]} | {b_ratio:.2f}x ({b_ms:.3f} ms) | {ratio:.2f}x ({ms:.3f} ms) |")
+for key, c in cand.items():
+    b = base.get(key, NAN)
+    print(f"| {key[0]} | {key[1]} | {b[1]:.2f}x ({b[0]:.3f} ms) | {c[1]:.2f}x ({c[0]:.3f} ms) "
+          f"| {b[3]:.2f}x ({b[2]:.3f} ms) | {c[3]:.2f}x ({c[2]:.3f} ms) |")
 PY
 }
 

@@ -38,6 +38,13 @@ def newest_version(run: pathlib.Path) -> pathlib.Path:
     return versions[-1]
 
 
+def retrieval_share(config: dict) -> float | None:
+    """The synthetic retrieval share of a run's train mixture (the retrieval arm, configs/study/retrieval_*.yaml), or
+    None for the plain arm."""
+    share = (config["data"]["init_args"].get("mixture_weights") or {}).get("retrieval")
+    return None if share is None else float(share)
+
+
 def final_record(run: pathlib.Path, backend: str, lr: float, seed: int) -> dict:
     version = newest_version(run)
     config = yaml.safe_load((version / "config.yaml").read_text())
@@ -49,7 +56,7 @@ def final_record(run: pathlib.Path, backend: str, lr: float, seed: int) -> dict:
     curves = training.pop("curves")
     return {
         "run": run.name, "backend": backend, "lr": lr, "seed": seed,
-        "data_seed": config["data"]["init_args"].get("seed", 0),
+        "data_seed": config["data"]["init_args"].get("seed", 0), "retrieval_share": retrieval_share(config),
         "val_losses": curves["val/loss"], "last_train_losses": curves["train/loss"][-5:],
         "curves": curves, **training,
     }
@@ -104,6 +111,14 @@ def interval(iv: dict | None) -> str:
     return "—" if iv is None else f"[{iv['lower']:+.4f}, {iv['upper']:+.4f}]"
 
 
+def arm_label(record: dict) -> str:
+    """The backend's name, with the synthetic share for a run of the retrieval arm (records before the arm have no
+    share: the plain arm)."""
+    share = record.get("retrieval_share")
+    name = NAMES.get(record["backend"], record["backend"])
+    return name if share is None else f"{name}, retrieval share {share:g}"
+
+
 def training_table(runs: list[dict]) -> list[str]:
     lines = ["| run | backend | lr | seed | data seed | final val loss | last train loss | median alive | "
              "non-suffix heads | boundary ratio |", "|---|---|---|---|---|---|---|---|---|---|"]
@@ -112,7 +127,7 @@ def training_table(runs: list[dict]) -> list[str]:
         alive, ratio, nonsuffix, with_bias = (heads.get(k) for k in (
             "median_alive_fraction", "boundary_ratio", "nonsuffix_heads", "heads_with_bias"))
         lines.append(
-            f"| {r['run']} | {NAMES.get(r['backend'], r['backend'])} | {r['lr']:g} | {r['seed']} | {r['data_seed']} | "
+            f"| {r['run']} | {arm_label(r)} | {r['lr']:g} | {r['seed']} | {r['data_seed']} | "
             f"{r['final_val_loss']!r} | {r['last_train_losses'][-1][1]!r} | "
             f"{'—' if alive is None else f'{100 * alive:.2f} %'} | "
             f"{'—' if nonsuffix is None else f'{int(nonsuffix)} of {int(with_bias)}'} | "
@@ -126,10 +141,11 @@ def rate(lr: float) -> str:
 
 
 def sweep_losses(runs: list[dict]) -> dict[str, dict[float, float]]:
-    """{backend: {lr: final val loss}} of the sweep's seed-0 runs."""
+    """{backend: {lr: final val loss}} of the sweep's seed-0 runs (the plain arm's: a retrieval run trains on other
+    data)."""
     sweep: dict[str, dict[float, float]] = {}
     for r in runs:
-        if r["seed"] == SWEEP_SEED and r["data_seed"] == 0:
+        if r["seed"] == SWEEP_SEED and r["data_seed"] == 0 and r.get("retrieval_share") is None:
             sweep.setdefault(r["backend"], {})[r["lr"]] = r["final_val_loss"]
     return sweep
 
@@ -186,11 +202,14 @@ COLORS = {"fpa": "C0", "fox": "C1", "sdpa": "C2"}
 
 
 def seeded_runs(runs: list[dict]) -> list[dict]:
-    """The runs of each (backend, lr) trained with more than one seed: the seed comparisons' models."""
+    """The runs of each (backend, arm, lr) trained with more than one seed: the seed comparisons' models."""
+    def unit(r: dict) -> tuple:
+        return r["backend"], r.get("retrieval_share"), r["lr"]
+
     count: dict[tuple, int] = {}
     for r in runs:
-        count[r["backend"], r["lr"]] = count.get((r["backend"], r["lr"]), 0) + 1
-    return [r for r in runs if count[r["backend"], r["lr"]] > 1]
+        count[unit(r)] = count.get(unit(r), 0) + 1
+    return [r for r in runs if count[unit(r)] > 1]
 
 
 def plot_curves(runs: list[dict], path: pathlib.Path) -> None:
@@ -206,7 +225,8 @@ def plot_curves(runs: list[dict], path: pathlib.Path) -> None:
             points = r["curves"][tag]
             ax.plot([t / 1e6 for t, _ in points], [v for _, v in points], color=colors.get(r["backend"]),
                     alpha=0.8, marker="o" if tag == "val/loss" else None, markersize=3,
-                    label=f"{NAMES.get(r['backend'], r['backend'])} lr {r['lr']:g} seed {r['seed']}")
+                    linestyle="-" if r.get("retrieval_share") is None else "--",
+                    label=f"{arm_label(r)} lr {r['lr']:g} seed {r['seed']}")
         ax.set(xlabel="tokens seen (millions)", ylabel=f"{tag} (nats)", title=f"{tag}, every seed")
     axes[0].set_ylim(top=7.0)
     axes[1].legend(fontsize=7)

@@ -45,7 +45,7 @@ def pilot(tmp_path_factory):
 def test_the_pilot_trains_the_retrieval_config_at_its_share(pilot):
     results, _, _ = pilot
     record = json.loads((results / "runs" / PILOT_RUN / "final.json").read_text())
-    assert (record["backend"], record["seed"], record["lr"]) == ("fpa", 0, 1e-3)
+    assert (record["backend"], record["seed"], record["lr"], record["retrieval_share"]) == ("fpa", 0, 1e-3, float(SHARE))
     config = yaml.safe_load(next((results / "runs" / PILOT_RUN).glob("version_*/config.yaml")).read_text())
     assert config["model"]["model"]["attention"]["backend"] == "fpa"
     assert float(config["data"]["init_args"]["mixture_weights"]["retrieval"]) == float(SHARE)

@@ -1,11 +1,12 @@
-"""The learning-rate sweep's table in benchmarks/lm_study_runs.py: the lowest loss in bold, and no rate is picked
-while a swept rate has not been trained."""
+"""The learning-rate sweep's table in benchmarks/lm_study_runs.py: the lowest loss in bold, no rate is picked
+while a swept rate has not been trained, and runs of the retrieval arm (their share in the record) stay out of the
+sweep and in their own seed groups."""
 import pathlib
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from lm_study_runs import SWEEP_RATES, rate, sweep_table  # noqa: E402
+from lm_study_runs import SWEEP_RATES, arm_label, rate, retrieval_share, seeded_runs, sweep_table  # noqa: E402
 
 
 def run(backend: str, lr: float, loss: float, seed: int = 0) -> dict:
@@ -25,3 +26,18 @@ def test_a_complete_sweep_picks_its_lowest_loss():
 def test_an_incomplete_sweep_picks_nothing():
     rows = sweep_table([run("sdpa", 6e-4, 4.49), run("sdpa", 1e-3, 4.59)])
     assert rows[2] == "| softmax | not run | **4.4900** | 4.5900 | not run | 6e-4 | pending (rates not run) |"
+
+
+def test_runs_of_the_retrieval_arm_stay_out_of_the_sweep_and_apart_in_the_seed_groups():
+    plain = [run("fpa", lr, 4.3) for lr in SWEEP_RATES]
+    retrieval = {**run("fpa", 6e-4, 1.0), "retrieval_share": 0.1}  # other data: never the sweep's lowest
+    rows = sweep_table(plain + [retrieval])
+    assert rows[2] == "| FPA | **4.3000** | 4.3000 | 4.3000 | 4.3000 | 3e-4 | 3e-4 |"
+    seeds = [run("fpa", 6e-4, 4.2, seed=1), {**run("fpa", 6e-4, 1.1, seed=1), "retrieval_share": 0.1}]
+    assert seeded_runs(plain + [retrieval] + seeds) == [plain[1], retrieval, *seeds]  # two seeds in each arm at 6e-4
+    assert arm_label(retrieval) == "FPA, retrieval share 0.1" and arm_label(plain[0]) == "FPA"
+
+
+def test_the_final_record_reads_the_share_from_the_runs_config():
+    assert retrieval_share({"data": {"init_args": {"seed": 0}}}) is None
+    assert retrieval_share({"data": {"init_args": {"mixture_weights": {"corpus": "rest", "retrieval": "0.05"}}}}) == 0.05

@@ -6,9 +6,10 @@
     python benchmarks/lm_study_runs.py report RECORDS --out docs/lm_study --check   # seeds.md == rendered, else exit 1
 
 `final` reads the run's TensorBoard events, config.yaml and hparams.yaml (its newest version_N) and writes
-NAME/final.json: the unit (backend, learning rate, initialisation and data seeds), every logged validation loss and the
-last training losses as logged (float32, exact, so that a reproduction can be checked bit for bit), the loss curves,
-the head and long-context summaries and the implementations that ran. The record replaces the event files in the
+NAME/final.json: the unit (backend, learning rate, initialisation and data seeds, and the retrieval arm's synthetic
+share, null for the plain arm), every logged validation loss and the last training losses as logged (float32, exact,
+so that a reproduction can be checked bit for bit), the loss curves, the head and long-context summaries and the
+implementations that ran. The record replaces the event files in the
 study's committed results (docs/lm_study.md, "Reproduce"). With --compare-with (an earlier record of the same unit,
 from another lease) it says whether the new training reproduced the old one bit for bit.
 

@@ -7,6 +7,8 @@
 #   3. each candidate's timing in its own process (ratios to its own SDPA-flash), beside the base of step 2, and
 #      whether its output and gradients are the base's bit for bit (benchmarks/candidates/same_numbers.py).
 #   bash benchmarks/kernel_check.sh [results folder]
+#   CANDIDATES="fpa_dkdv_depth fpa_forward_key_side" bash benchmarks/kernel_check.sh   # only these candidates (names
+#                                                       of benchmarks/candidates/*.patch; default all, "" for none)
 set -uo pipefail
 out=${1:-kernel_results}
 mkdir -p "$out"
@@ -28,6 +30,7 @@ declare -A trees
 for patch in benchmarks/candidates/*.patch; do
     [ -e "$patch" ] || continue
     name=$(basename "$patch" .patch)
+    if [ -n "${CANDIDATES+set}" ] && [[ " $CANDIDATES " != *" $name "* ]]; then continue; fi
     trees[$name]=$(bash benchmarks/candidates/ab.sh tree "$patch")
     timeout "$limit" bash benchmarks/candidates/ab.sh test "${trees[$name]}" > "$out/tests_candidate_$name.log" 2>&1 &
     pids+=($!)

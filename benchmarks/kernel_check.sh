@@ -32,7 +32,9 @@ for patch in benchmarks/candidates/*.patch; do
     name=$(basename "$patch" .patch)
     if [ -n "${CANDIDATES+set}" ] && [[ " $CANDIDATES " != *" $name "* ]]; then continue; fi
     trees[$name]=$(bash benchmarks/candidates/ab.sh tree "$patch")
-    timeout "$limit" bash benchmarks/candidates/ab.sh test "${trees[$name]}" > "$out/tests_candidate_$name.log" 2>&1 &
+    # every variant's GPU tests (documents, query level), not ab.sh's default subset: the candidates touch them all
+    AB_TESTS=${AB_TESTS:-tests/ops/fpa/test_fpa_fused.py} timeout "$limit" bash benchmarks/candidates/ab.sh test \
+        "${trees[$name]}" > "$out/tests_candidate_$name.log" 2>&1 &
     pids+=($!)
 done
 for pid in "${pids[@]}"; do wait "$pid" || status=1; done

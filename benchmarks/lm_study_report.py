@@ -1,13 +1,14 @@
 """The numbers, tables and figures of docs/lm_study.md, from the RESULTS folder of benchmarks/lm_study.sh.
 
 Reads RESULTS/runs/study_<backend>/version_*/ (TensorBoard events, hparams.yaml, config.yaml),
-RESULTS/eval/<name>/<task>.json and RESULTS/status.tsv. Writes OUT/results.json (every number the document quotes,
-copied from those files), OUT/tables.md (rendered from results.json alone) and four figures: loss_curves.png,
-loss_by_position.png, passkey.png, keys_kept_vs_loss.png.
+RESULTS/eval/<name>/<task>.json and RESULTS/status.tsv. Writes the record RECORD (every number the document quotes,
+copied from those files; default OUT/results.json), OUT/tables.md (rendered from the record alone) and four figures:
+loss_curves.png, loss_by_position.png, passkey.png, keys_kept_vs_loss.png. The record is a result, so it lives under
+benchmarks/results/ (docs/ holds the manual and its figures); the tables and figures stay with the page.
 
-    python benchmarks/lm_study_report.py RESULTS --out docs/lm_study
-    python benchmarks/lm_study_report.py RESULTS --second RESULTS2 --out docs/lm_study
-    python benchmarks/lm_study_report.py --check docs/lm_study   # tables.md == render(results.json), else diff, exit 1
+    python benchmarks/lm_study_report.py RESULTS --out docs/lm_study --record benchmarks/results/lm_study_first/results.json
+    python benchmarks/lm_study_report.py RESULTS --second RESULTS2 --out docs/lm_study --record RECORD
+    python benchmarks/lm_study_report.py --check docs/lm_study --record RECORD   # tables.md == render(RECORD), else exit 1
 
 --second: a later run of the same script (the same configs trained again, on another machine lease): each
 evaluation that RESULTS lacks is taken from it and marked as measured on the second training, and the second
@@ -532,14 +533,16 @@ FIGURES = {"loss_curves.png": plot_curves, "loss_by_position.png": plot_position
 
 # --- command line -------------------------------------------------------------------------------------------------
 
-def check(folder: pathlib.Path) -> int:
-    results = json.loads((folder / "results.json").read_text())
-    want, have = render(results), (folder / "tables.md").read_text()
+def check(folder: pathlib.Path, record: pathlib.Path | None = None) -> int:
+    """0 when FOLDER/tables.md is exactly the tables rendered from RECORD (default FOLDER/results.json), else print
+    the difference and return 1."""
+    record = record or folder / "results.json"
+    want, have = render(json.loads(record.read_text())), (folder / "tables.md").read_text()
     if want == have:
-        print(f"{folder}/tables.md matches results.json")
+        print(f"{folder}/tables.md matches {record}")
         return 0
     sys.stdout.writelines(difflib.unified_diff(have.splitlines(True), want.splitlines(True), "tables.md (committed)",
-                                               "tables.md (rendered from results.json)"))
+                                               f"tables.md (rendered from {record})"))
     return 1
 
 
@@ -548,22 +551,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("results", nargs="?", type=pathlib.Path, help="the RESULTS folder of lm_study.sh")
     parser.add_argument("--second", type=pathlib.Path, metavar="RESULTS2", help="a later RESULTS folder of the same "
                         "configs trained again: evaluations missing from RESULTS are taken from it, marked")
-    parser.add_argument("--out", type=pathlib.Path, help="where results.json, tables.md and the figures go")
+    parser.add_argument("--out", type=pathlib.Path, help="where tables.md and the figures go")
+    parser.add_argument("--record", type=pathlib.Path, metavar="RECORD",
+                        help="the JSON record of every quoted number (default: OUT/results.json)")
     parser.add_argument("--check", type=pathlib.Path, metavar="OUT",
-                        help="only compare OUT/tables.md with the tables rendered from OUT/results.json")
+                        help="only compare OUT/tables.md with the tables rendered from RECORD")
     args = parser.parse_args(argv)
     if args.check:
-        return check(args.check)
+        return check(args.check, args.record)
     if args.results is None or args.out is None:
         parser.error("give RESULTS and --out OUT, or --check OUT")
+    record = args.record or args.out / "results.json"
     text = json.dumps(collect(args.results, args.second), sort_keys=True, indent=1) + "\n"
     results = json.loads(text)  # render what the file holds, exactly as --check will
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(text)
+    for folder in (args.out, record.parent):
+        folder.mkdir(parents=True, exist_ok=True)
+    record.write_text(text)
     (args.out / "tables.md").write_text(render(results))
     for name, draw in FIGURES.items():
         draw(results, args.out / name)
-    print(f"wrote {args.out}: results.json, tables.md, {', '.join(FIGURES)}")
+    print(f"wrote {record}, and in {args.out}: tables.md, {', '.join(FIGURES)}")
     return 0
 
 

@@ -190,6 +190,20 @@ def test_command_line_and_check(results_dir, tmp_path, capsys):
     assert len(changed) == 2 and "-0.0124 [" in changed[0] and "-0.0123 [" in changed[1]
 
 
+def test_record_written_apart_from_the_page(results_dir, tmp_path, capsys):
+    """--record puts the JSON record under results while the tables and figures go to the page's folder; --check
+    reads the record from there, and a changed record no longer matches the committed tables."""
+    page, record = tmp_path / "docs" / "study", tmp_path / "results" / "first" / "results.json"
+    assert report.main([str(results_dir), "--out", str(page), "--record", str(record)]) == 0
+    assert not (page / "results.json").exists() and (page / "tables.md").exists()
+    assert json.loads(record.read_text())["evals"]["test_loss-fpa-fox"]["difference"]["estimate"] == -0.0123
+    assert report.main(["--check", str(page), "--record", str(record)]) == 0
+    record.write_text(record.read_text().replace("-0.0123", "-0.0125"))
+    capsys.readouterr()
+    assert report.main(["--check", str(page), "--record", str(record)]) == 1
+    assert "-0.0125 [" in capsys.readouterr().out
+
+
 def test_missing_pieces_are_reported(tmp_path):
     root = tmp_path / "results"
     write_run(root, "fpa", heads=True)
@@ -208,11 +222,12 @@ def test_a_folder_without_runs_fails_clearly(tmp_path):
 
 
 def test_committed_study_tables_come_from_the_committed_json():
-    """docs/lm_study/tables.md is exactly render(docs/lm_study/results.json), and the JSON holds the run's numbers that
-    docs/lm_study.md quotes (a hand edit of either fails here)."""
+    """docs/lm_study/tables.md is exactly the tables rendered from the first study's record, and the record holds the
+    run's numbers that docs/lm_study.md quotes (a hand edit of either fails here)."""
     study = PATH.parents[1] / "docs" / "lm_study"
-    assert report.check(study) == 0
-    results = json.loads((study / "results.json").read_text())
+    record = PATH.parents[1] / "benchmarks" / "results" / "lm_study_first" / "results.json"
+    assert report.check(study, record) == 0
+    results = json.loads(record.read_text())
     assert round(results["evals"]["test_loss-fpa-fox"]["difference"]["estimate"], 4) == -0.0130
     assert results["training"]["fpa"]["tokens_seen"] == 25_559_040
     assert round(results["evals"]["test_loss-fpa-sdpa"]["difference"]["estimate"], 4) == -0.3738

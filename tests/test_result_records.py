@@ -31,9 +31,6 @@ DOCS_JSON = {
     # the study corpus's manifest (file hashes, documents and tokens per split): input data that `lm_study.sh verify`
     # checks a built corpus against, not a measurement
     "docs/lm_study/corpus_manifest.json",
-    # the numbers docs/lm_study.md quotes, copied by benchmarks/lm_study_report.py from the measurements under
-    # benchmarks/results/lm_study_first/; docs/lm_study/tables.md is rendered from it (the report's --check)
-    "docs/lm_study/results.json",
 }
 """The JSON files docs/ may hold (paths from the repository root), each with why."""
 

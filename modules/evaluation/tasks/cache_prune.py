@@ -28,7 +28,7 @@ from modules.evaluation.tasks.passkey import DEFAULT_TRIALS, score_all, trial_id
 DEFAULT_LENGTHS = [2048, 8192]
 DEFAULT_THRESHOLDS = [-10.0, -20.0, -5.0, -2.0, -1.0]  # the first one also prunes the pass-key trials
 DEFAULT_BLOCK_ROWS = 512  # query rows per block of the simulation: fewer, larger kernel launches than the layer's
-#                           64-row blocks (20.5k tokens/s on an H200 in the study, BENCHMARKS.md)
+#                           64-row blocks (its speed: BENCHMARKS.md, "Scoring with real eviction")
 
 
 def run(args: argparse.Namespace, models: list[LoadedModel], runtime: Runtime, data: EvalData) -> TaskOutput:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, replace
@@ -277,7 +278,7 @@ def _run_in_pool(todo: list[int], jobs: list[tuple], workers: int, finished, log
     per_row = -(-2 * workers // split) if split else 1
     turn = 0
     with ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_worker_init,
-                             initargs=(workers,)) as pool:
+                             initargs=(workers, os.getpid())) as pool:
         futures, waiting, parts = {}, {}, {}
         for i, job in zip(todo, jobs):
             group, backend, seeds, row_budget, device, earlier = job
@@ -310,8 +311,19 @@ def _pool_job(group: Group, backend: str, seeds: list[int], budget: Budget, devi
                        _progress_printer(budget.steps, lambda line: print(f"  {label}:{line[3:]}", flush=True)))
 
 
-def _worker_init(workers: int) -> None:
+def _worker_init(workers: int, runner: int) -> None:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+    threading.Thread(target=_exit_without, args=(runner,), daemon=True, name="exit-without-runner").start()
+
+
+def _exit_without(runner: int, every: float = 1.0) -> None:
+    """Stop this worker once the process that runs the table (`runner`) is gone. SIGTERM or SIGKILL to the runner
+    (a scheduler's kill, a time limit) skips the pool's shutdown, and its orphaned workers would otherwise train the
+    rows they hold, and the next one queued, for nobody: on a shared machine that is minutes of every core. The
+    finished rows are already in the partial file (``run_rows``)."""
+    while os.getppid() == runner:
+        time.sleep(every)
+    os._exit(1)  # the worker's rows are lost either way; no cleanup can reach the gone runner
 
 
 def _progress_printer(steps: int, log):

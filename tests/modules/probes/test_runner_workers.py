@@ -1,0 +1,76 @@
+"""The probe runner's worker processes stop when the runner is killed (modules/probes/runner.py, ``_exit_without``).
+
+SIGKILL (or SIGTERM, which Python does not catch by default) skips the pool's shutdown, so without the watch the
+spawned workers would go on training their rows for nobody. Linux only: the workers are found through /proc.
+"""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+
+# A runner with two workers, each training a flip-flop row far longer than the test waits.
+RUNNER = textwrap.dedent("""
+    from modules.probes import runner
+    from modules.probes.table import GROUPS
+    from fpa_lightning.probes.train import Budget
+
+    group = next(g for g in GROUPS if g.label == "flip-flop")
+    jobs = [(group, "fpa", [seed], Budget(steps=10**7, batch=2), "cpu", []) for seed in (0, 1)]
+    runner._run_in_pool([0, 1], jobs, 2, lambda *a: None, print)
+""")
+
+
+def workers_of(pid: int) -> list[int]:
+    """The live pool workers whose parent is `pid` (the spawn start method's processes, not its resource tracker)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:  # the process ended while we looked
+            continue
+        state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+        if int(ppid) == pid and state != "Z" and b"spawn_main" in cmdline and b"resource_tracker" not in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"  # a zombie has stopped; only its exit status waits for the reaper
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the workers through /proc (Linux)")
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_the_workers_stop_when_the_runner_is_killed(how):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    runner, workers = subprocess.Popen([sys.executable, "-c", RUNNER], cwd=ROOT, env=env), []
+    try:
+        deadline = time.monotonic() + 120
+        while len(workers) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+            workers = workers_of(runner.pid)
+        assert len(workers) == 2, f"the runner started {len(workers)} workers"
+        time.sleep(1.0)  # past the initializer: the watch is running and the rows are training
+        runner.send_signal(how)
+        runner.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while any(alive(w) for w in workers) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not any(alive(w) for w in workers), "a worker went on training after its runner was killed"
+    finally:  # whatever failed, leave no process behind
+        runner.kill()
+        for worker in filter(alive, workers):
+            os.kill(worker, signal.SIGKILL)

@@ -93,6 +93,7 @@ SOURCES = {
     "h200": ("benchmarks/results/probes/h200_2026-12-02/probes.json", "H200"),
     "mqar": ("benchmarks/results/probes/h200_2026-12-03_mqar_regime/probes.json", "H200"),
     "cpu": ("benchmarks/results/probes/cpu_2026-12-02_noretrieval/probes.json", "CPU"),
+    "dip6000": ("benchmarks/results/probes/cpu_2026-12-05_dip_depth_6000/probes.json", "CPU"),
 }
 """Every committed result file whose rows the summary reads: key -> (path from the repository root, device)."""
 
@@ -156,7 +157,12 @@ LINES = [
     Line("dip depth, durations 1-2", "h200", note="our unit-step probe; trained 1–2 and tested 3–4, the dip sum "
          "fails (next section)"),
     Line("dip depth, duration 1", "h200", note="our unit-step probe"),
-    Line("dip depth, 2000 and 6000 steps", pending=PENDING_DIP_DEPTH, paper="as the dip depth lines"),
+    Line("dip depth, durations 1-2", "dip6000", title="dip depth, durations 1-2, 6000 steps",
+         note="three times the budget of the line above"),
+    Line("dip depth, duration 1", "dip6000", title="dip depth, duration 1, 6000 steps",
+         note="three times the budget of the line above"),
+    Line("dip depth, 2000 and 6000 steps, H200, every backend", pending=PENDING_DIP_DEPTH,
+         paper="as the dip depth lines"),
     Line("ladders and dip depth, held-out sets disjoint on the label-determining part", pending=PENDING_LABEL_SPLIT,
          paper="as their lines"),
     Line("two families, 2 heads of d=2", "h200"),

@@ -27,29 +27,35 @@ RUNNER = textwrap.dedent("""
 """)
 
 
+def state_and_parent(pid: int | str) -> tuple[str, int] | None:
+    """The process's state letter and parent pid from /proc (None once it has ended). The command name may hold
+    spaces and parentheses, so the fields are read after its last ')'."""
+    try:
+        state, ppid = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[:2]
+    except OSError:
+        return None
+    return state, int(ppid)
+
+
+def alive(pid: int) -> bool:
+    found = state_and_parent(pid)
+    return found is not None and found[0] != "Z"  # a zombie has stopped; only its exit status waits for the reaper
+
+
 def workers_of(pid: int) -> list[int]:
     """The live pool workers whose parent is `pid` (the spawn start method's processes, not its resource tracker)."""
     found = []
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
+        stat = state_and_parent(entry.name) if entry.name.isdigit() else None
+        if stat is None or stat[0] == "Z" or stat[1] != pid:
             continue
         try:
-            stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+            cmdline = (entry / "cmdline").read_bytes()
         except OSError:  # the process ended while we looked
             continue
-        state, ppid = stat.rsplit(")", 1)[1].split()[:2]
-        if int(ppid) == pid and state != "Z" and b"spawn_main" in cmdline and b"resource_tracker" not in cmdline:
+        if b"spawn_main" in cmdline and b"resource_tracker" not in cmdline:
             found.append(int(entry.name))
     return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"  # a zombie has stopped; only its exit status waits for the reaper
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the workers through /proc (Linux)")

@@ -47,7 +47,8 @@
 #              commands: what finished is skipped on the next call)
 #   DRY_RUN=1  print every step's command instead of running it (nothing is trained or evaluated)
 # Every step's command, exit code and seconds go to $RESULTS/status.tsv; a failed step does not stop the others, and
-# the script exits non-zero if any step failed.
+# the script exits non-zero if any step failed. A TERM or INT sent to the script stops the step of every lane too
+# (exit 143); the next call trains an interrupted unit again from its start.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 corpus=${CORPUS:-data/corpus}
@@ -222,12 +223,28 @@ units() {
     local list=() backend lr seed share
     for seed in "${seeds[@]}"; do for lr in "${lrs[@]}"; do for share in "${shares[@]}"; do for backend in "$@"; do
         list+=("$backend $lr $seed $share"); done; done; done; done
-    local lane pids=()
+    local lane; lane_pids=()
     for ((lane = 0; lane < parallel; lane++)); do
         (for ((i = lane; i < ${#list[@]}; i += parallel)); do unit ${list[$i]} $only; done; exit "$failed") &
-        pids+=($!)
+        lane_pids+=($!)
     done
-    local pid; for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
+    # a TERM or INT sent to this script alone (a scheduler's kill, not Ctrl-C's whole group) reaches each lane's step
+    trap stop_lanes TERM INT
+    local pid; for pid in "${lane_pids[@]}"; do wait "$pid" || failed=1; done
+    trap - TERM INT
+}
+
+# stop_lanes: each lane, then the step it was running (its children first read, so the lane cannot start another)
+stop_lanes() {
+    local pid children=()
+    for pid in "${lane_pids[@]}"; do children+=($(pgrep -P "$pid")); done
+    kill -TERM "${lane_pids[@]}" "${children[@]}" 2>/dev/null
+    local waited=0  # a training checkpoints on TERM before it exits (docs/training.md): give it a minute
+    while [ ${#children[@]} -gt 0 ] && kill -0 "${children[@]}" 2>/dev/null && [ $waited -lt 60 ]; do
+        sleep 1; waited=$((waited + 1))
+    done
+    echo "== stopped by a signal: the lanes' steps were sent TERM"
+    exit 143
 }
 
 # compare A B: eval.py seeds on every task both backends have results for, per learning rate

@@ -11,8 +11,10 @@ import os
 import pathlib
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import yaml
@@ -99,3 +101,43 @@ def test_the_committed_seed_tables_are_rendered_from_the_records():
                            str(REPO / "benchmarks" / "results" / "lm_study_seeds"), "--out",
                            str(REPO / "docs" / "lm_study"), "--check"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def processes_naming(text: str) -> list[int]:
+    """Live (not zombie) processes whose command line holds `text` (Linux: /proc)."""
+    found = []
+    for entry in pathlib.Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and text in (entry / "cmdline").read_bytes().decode(errors="replace") and \
+                    (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                found.append(int(entry.name))
+        except OSError:  # the process ended while we looked
+            pass
+    return found
+
+
+@pytest.mark.skipif(not pathlib.Path("/proc/self/stat").exists(), reason="finds the steps through /proc (Linux)")
+def test_a_term_sent_to_the_script_alone_stops_every_lane(tmp_path):
+    """A scheduler kills the script's pid, not its group: with two lanes, their running steps must stop too (before
+    the trap in `units`, the lanes went on training and evaluating for nobody)."""
+    write_slimpajama_layout(tmp_path / "corpus")
+    results = tmp_path / "results"
+    env = {**os.environ, "SMOKE": "1", "SEEDS": "0 1", "EVALS": "loss", "PARALLEL": "2",
+           "CORPUS": str(tmp_path / "corpus"), "RESULTS": str(results), "PYTHON": sys.executable,
+           "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    script = subprocess.Popen(["bash", str(SCRIPT), "run", "fpa"], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while len(processes_naming("name=study_fpa_lr1e-3_s")) < 2:  # both lanes' trainings running
+            assert time.monotonic() < deadline and script.poll() is None, "the two trainings never ran side by side"
+            time.sleep(0.2)
+        script.send_signal(signal.SIGTERM)
+        code = script.wait(timeout=90)
+        time.sleep(3)  # a lane left alive would have started its next step by now
+        assert processes_naming(str(results)) == [], "a lane's step outlived the script"
+        assert code == 143, script.stdout.read()[-2000:]  # the trap's exit: stopped by a signal, nothing finished
+    finally:
+        for pid in processes_naming(str(results)):
+            os.kill(pid, signal.SIGKILL)
+        script.kill()

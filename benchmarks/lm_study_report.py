@@ -533,10 +533,8 @@ FIGURES = {"loss_curves.png": plot_curves, "loss_by_position.png": plot_position
 
 # --- command line -------------------------------------------------------------------------------------------------
 
-def check(folder: pathlib.Path, record: pathlib.Path | None = None) -> int:
-    """0 when FOLDER/tables.md is exactly the tables rendered from RECORD (default FOLDER/results.json), else print
-    the difference and return 1."""
-    record = record or folder / "results.json"
+def check(folder: pathlib.Path, record: pathlib.Path) -> int:
+    """0 when FOLDER/tables.md is exactly the tables rendered from RECORD, else print the difference and return 1."""
     want, have = render(json.loads(record.read_text())), (folder / "tables.md").read_text()
     if want == have:
         print(f"{folder}/tables.md matches {record}")
@@ -557,11 +555,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", type=pathlib.Path, metavar="OUT",
                         help="only compare OUT/tables.md with the tables rendered from RECORD")
     args = parser.parse_args(argv)
+    out = args.check or args.out
+    record = args.record or (out / "results.json" if out else None)
     if args.check:
-        return check(args.check, args.record)
+        return check(args.check, record)
     if args.results is None or args.out is None:
         parser.error("give RESULTS and --out OUT, or --check OUT")
-    record = args.record or args.out / "results.json"
     text = json.dumps(collect(args.results, args.second), sort_keys=True, indent=1) + "\n"
     results = json.loads(text)  # render what the file holds, exactly as --check will
     for folder in (args.out, record.parent):

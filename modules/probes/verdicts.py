@@ -95,6 +95,7 @@ SOURCES = {
     "cpu": ("benchmarks/results/probes/cpu_2026-12-02_noretrieval/probes.json", "CPU"),
     "dip6000": ("benchmarks/results/probes/cpu_2026-12-05_dip_depth_6000/probes.json", "CPU"),
     "dipdata1": ("benchmarks/results/probes/cpu_2026-12-05_dip_depth_data_seed1/probes.json", "CPU"),
+    "dip1data1": ("benchmarks/results/probes/cpu_2026-12-05_dip_depth_duration1_data_seed1/probes.json", "CPU"),
 }
 """Every committed result file whose rows the summary reads: key -> (path from the repository root, device)."""
 
@@ -163,6 +164,8 @@ LINES = [
     Line("dip depth, duration 1", "dip6000", title="dip depth, duration 1, 6000 steps",
          note="three times the budget of the line above"),
     Line("dip depth, durations 1-2", "dipdata1", title="dip depth, durations 1-2, data seed 1",
+         note="a data replicate (another pool and held-out set) of the 2000-step line"),
+    Line("dip depth, duration 1", "dip1data1", title="dip depth, duration 1, data seed 1",
          note="a data replicate (another pool and held-out set) of the 2000-step line"),
     Line("dip depth, 2000 and 6000 steps, H200, every backend", pending=PENDING_DIP_DEPTH,
          paper="as the dip depth lines"),

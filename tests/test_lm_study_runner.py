@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from _corpus import write_slimpajama_layout
+from _processes import processes_naming
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "lm_study.sh"
@@ -103,19 +104,6 @@ def test_the_committed_seed_tables_are_rendered_from_the_records():
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def processes_naming(text: str) -> list[int]:
-    """Live (not zombie) processes whose command line holds `text` (Linux: /proc)."""
-    found = []
-    for entry in pathlib.Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and text in (entry / "cmdline").read_bytes().decode(errors="replace") and \
-                    (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
-                found.append(int(entry.name))
-        except OSError:  # the process ended while we looked
-            pass
-    return found
-
-
 @pytest.mark.skipif(not pathlib.Path("/proc/self/stat").exists(), reason="finds the steps through /proc (Linux)")
 def test_a_term_sent_to_the_script_alone_stops_every_lane(tmp_path):
     """A scheduler kills the script's pid, not its group: with two lanes, their running steps must stop too (before
@@ -129,7 +117,7 @@ def test_a_term_sent_to_the_script_alone_stops_every_lane(tmp_path):
                               stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 120
-        while len(processes_naming("name=study_fpa_lr1e-3_s")) < 2:  # both lanes' trainings running
+        while len(processes_naming(f"save_dir={results}/runs")) < 2:  # both lanes' trainings (this test's own)
             assert time.monotonic() < deadline and script.poll() is None, "the two trainings never ran side by side"
             time.sleep(0.2)
         script.send_signal(signal.SIGTERM)

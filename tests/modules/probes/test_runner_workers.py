@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from _processes import state_and_parent
+
 ROOT = Path(__file__).resolve().parents[3]
 
 # A runner with two workers, each training a flip-flop row far longer than the test waits.
@@ -25,16 +27,6 @@ RUNNER = textwrap.dedent("""
     jobs = [(group, "fpa", [seed], Budget(steps=10**7, batch=2), "cpu", []) for seed in (0, 1)]
     runner._run_in_pool([0, 1], jobs, 2, lambda *a: None, print)
 """)
-
-
-def state_and_parent(pid: int | str) -> tuple[str, int] | None:
-    """The process's state letter and parent pid from /proc (None once it has ended). The command name may hold
-    spaces and parentheses, so the fields are read after its last ')'."""
-    try:
-        state, ppid = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[:2]
-    except OSError:
-        return None
-    return state, int(ppid)
 
 
 def alive(pid: int) -> bool:

@@ -9,12 +9,11 @@
 # NODE...`, under a time limit (FILE_TIMEOUT seconds per shard, default 1200; past it the shard is killed and reported
 # as TIMEOUT). JOBS shards (default 8) run at once. The GPU tests are small kernels and short trainings whose time
 # goes to Triton's compiler and to process start-up on the CPU, one core per process, and leave most of an H200 idle:
-# one file at a time took over 6 minutes (docs/benchmarks/gpu_suite_2026-12-02_run2), and three whole files at a
-# time still did not finish the fused-kernel file (69 tests, about 8 s each) within 400 s
-# (docs/benchmarks/gpu_suite_2026-12-02_run3). A file that names the marker but collects no GPU test (pytest's exit
-# 5) is reported and is not a failure. The end of the output is a table per file: passed, failed, errors, skipped,
-# seconds summed over its shards, status (also in RESULTS/gpu_tests_summary.md, with each shard's log and JUnit XML in
-# RESULTS/tests/).
+# one file at a time took over 6 minutes, and three whole files at a time still did not finish the fused-kernel file
+# (69 tests, about 8 s each) within 400 s (runs 2 and 3 in benchmarks/results/gpu_suite_2026-12-02.json). A file
+# that names the marker but collects no GPU test (pytest's exit 5) is reported and is not a failure.
+# The end of the output is a table per file: passed, failed, errors, skipped, seconds summed over its shards, status
+# (also in RESULTS/gpu_tests_summary.md, with each shard's log and JUnit XML in RESULTS/tests/).
 # Environment: TOKENIZER=path/to/tokenizer.json where mistral-common is absent (the tests get it as
 # FPA_TEST_TOKENIZER, the throughput benchmark as --tokenizer); TESTS (test folders or files,
 # space-separated; default: tests); FILE_TIMEOUT;

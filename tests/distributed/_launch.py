@@ -13,8 +13,10 @@ def train_py(runs: pathlib.Path, *args: str, timeout: int = 300) -> None:
     """The quickstart config with ``args`` on top; logs and checkpoints under ``runs``. A hang fails after timeout.
 
     ``FPA_TEST_TOKENIZER`` (a tokenizer.json) replaces the offline Mistral conversion on machines without
-    mistral-common (the GPU machine)."""
+    mistral-common (the GPU machine). A relative path is taken from this process's working directory, since the
+    training runs in another one."""
     tokenizer = os.environ.get("FPA_TEST_TOKENIZER")
+    tokenizer = str(pathlib.Path(tokenizer).resolve()) if tokenizer else None
     command = [sys.executable, str(REPO / "train.py"), "fit", "--config", str(REPO / "configs" / "quickstart.yaml"),
                f"--trainer.logger.init_args.save_dir={runs}", "--trainer.enable_progress_bar=false",
                *([f"--data.init_args.tokenizer={tokenizer}"] if tokenizer else []), *args]

@@ -90,6 +90,15 @@ def silence_foreign_noise() -> None:
 silence_foreign_noise()
 
 
+def checkpoint_path_problem(path: str) -> str | None:
+    """Why ``path`` cannot be resumed from, or None. A checkpoint is a file, or the folder of a sharded FSDP
+    checkpoint (``state_dict_type="sharded"``): Lightning's FSDP loader knows one by the ``meta.pt`` it writes beside
+    the shards."""
+    if os.path.isfile(path) or os.path.isfile(os.path.join(path, "meta.pt")):
+        return None
+    return "is a folder, not a checkpoint file or a sharded checkpoint" if os.path.isdir(path) else "does not exist"
+
+
 class HeldBackLog(logging.Handler):
     """Holds what Lightning's loggers write while the trainer is built ("Seed set to 0", "GPU available: ...": INFO
     on stderr) until the run's checks pass, so that a mistake is the only line printed. ``replay`` writes the records
@@ -224,9 +233,9 @@ class TrainCLI(LightningCLI):
             self.parser.error(f"--ckpt_path {ckpt_path!r}: remote checkpoints are refused (Lightning would unpickle "
                               f"them with weights_only=False, which can run code from the file); download it, check "
                               f"where it comes from, and pass the local file")
-        if ckpt_path and not os.path.isfile(ckpt_path):
-            what = "is a folder, not a checkpoint file" if os.path.isdir(ckpt_path) else "does not exist"
-            raise SetupError(f"--ckpt_path {ckpt_path}: {what}; pass a .ckpt file (a run's checkpoints are in "
+        problem = checkpoint_path_problem(ckpt_path) if ckpt_path else None
+        if problem:
+            raise SetupError(f"--ckpt_path {ckpt_path}: {problem}; pass a .ckpt file (a run's checkpoints are in "
                              f"runs/<name>/version_<n>/checkpoints/, last.ckpt the latest)")
         before = _flat(self.config[subcommand].get("model")) if ckpt_path else {}
         try:

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from test_train_cli import REPO, tiny_quickstart_args
-from train import SetupError, command, main, silence_foreign_noise
+from train import SetupError, checkpoint_path_problem, command, main, silence_foreign_noise
 
 TEXT = "And God said, Let there be light: and there was light. " * 12  # ~150 tokens a document
 
@@ -44,7 +44,7 @@ def test_each_mistake_is_one_line_and_leaves_no_run_folder(tmp_path, monkeypatch
     garbage.write_bytes(b"\xff\xfe\x00 binary\n" * 3 + b"<html>\n" + b'{"body": "no text field"}\n')
     cases = [
         (["--ckpt_path", str(tmp_path / "nope.ckpt")], "nope.ckpt: does not exist; pass a .ckpt file"),
-        (["--ckpt_path", str(tmp_path)], "is a folder, not a checkpoint file"),
+        (["--ckpt_path", str(tmp_path)], "is a folder, not a checkpoint file or a sharded checkpoint"),
         (["--ckpt_path", str(truncated)], "cut.ckpt: not a readable checkpoint, truncated or corrupt"),
         (["--model.model.attention.impl", "fused"], "impl='fused' for backend 'fpa' needs a CUDA GPU; use "
                                                     "impl='chunked'"),
@@ -65,6 +65,19 @@ def test_each_mistake_is_one_line_and_leaves_no_run_folder(tmp_path, monkeypatch
                       code=1)
     assert line.startswith(f"train.py: error: {cut}: line 3 is cut off (the file ends inside a record; lines 1-2 "
                            f"were read); re-download or rebuild the file"), line
+
+
+def test_a_sharded_fsdp_checkpoint_folder_is_a_checkpoint_and_a_plain_folder_is_not(tmp_path):
+    # FSDP with state_dict_type="sharded" saves a folder of shards; refusing folders broke its resume on the GPU
+    # (tests/distributed/test_fsdp_gpu.py::test_fsdp_resume_is_exact[sharded])
+    sharded = tmp_path / "step3.ckpt"
+    sharded.mkdir()
+    assert checkpoint_path_problem(str(sharded)) == "is a folder, not a checkpoint file or a sharded checkpoint"
+    (sharded / "meta.pt").write_bytes(b"")
+    assert checkpoint_path_problem(str(sharded)) is None
+    (tmp_path / "last.ckpt").write_bytes(b"")
+    assert checkpoint_path_problem(str(tmp_path / "last.ckpt")) is None
+    assert checkpoint_path_problem(str(tmp_path / "nope.ckpt")) == "does not exist"
 
 
 def test_a_hub_data_set_offline_fails_fast_saying_how_to_use_local_files(tmp_path, monkeypatch, capsys):

@@ -288,7 +288,7 @@ class TrainCLI(LightningCLI):
                                  if path.name.split("_", 1)[1].isdigit()), reverse=True)
         for version, run in candidates:
             last = run / "checkpoints" / "last.ckpt"
-            if last.is_file():
+            if checkpoint_path_problem(str(last)) is None:  # a file, or a sharded FSDP folder
                 args["version"] = version
                 config["ckpt_path"] = str(last)
                 if rank_zero_only.rank == 0:

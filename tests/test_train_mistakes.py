@@ -11,6 +11,7 @@ import warnings
 
 import pytest
 import torch
+from lightning.fabric.utilities.load import _METADATA_FILENAME
 
 from test_train_cli import REPO, tiny_quickstart_args
 from train import SetupError, checkpoint_path_problem, command, main, silence_foreign_noise
@@ -73,7 +74,7 @@ def test_a_sharded_fsdp_checkpoint_folder_is_a_checkpoint_and_a_plain_folder_is_
     sharded = tmp_path / "step3.ckpt"
     sharded.mkdir()
     assert checkpoint_path_problem(str(sharded)) == "is a folder, not a checkpoint file or a sharded checkpoint"
-    (sharded / "meta.pt").write_bytes(b"")
+    (sharded / _METADATA_FILENAME).write_bytes(b"")  # Lightning's marker, so a rename there fails here
     assert checkpoint_path_problem(str(sharded)) is None
     (tmp_path / "last.ckpt").write_bytes(b"")
     assert checkpoint_path_problem(str(tmp_path / "last.ckpt")) is None

@@ -2,13 +2,16 @@
 # The fused FPA kernel's GPU check in one command (about 8 minutes on one H200), a short table last:
 #   1. the GPU tests of tests/ops/fpa/test_fpa_fused.py (in five processes by variant, so that Triton's compilation
 #      overlaps), the backend wiring test, and each candidate's tests on its patched copy
-#      (benchmarks/candidates/*.patch), all in parallel;
+#      (benchmarks/candidates/*.patch) in the same five groups, all in parallel;
 #   2. benchmarks/attention.py: SDPA-flash, FPA dense and with skipping, and each variant (query, dipsum, docs);
 #   3. each candidate's timing in its own process (ratios to its own SDPA-flash), beside the base of step 2, and
 #      whether its output and gradients are the base's bit for bit (benchmarks/candidates/same_numbers.py).
 #   bash benchmarks/kernel_check.sh [results folder]
 #   CANDIDATES="fpa_dkdv_depth fpa_forward_key_side" bash benchmarks/kernel_check.sh   # only these candidates (names
 #                                                       of benchmarks/candidates/*.patch; default all, "" for none)
+# The closing tables also go to RESULTS/summary.md. Every test process stops after TEST_LIMIT_S seconds (default 390):
+# one candidate's 71 tests in a single process took 270 to 440+ s on an H100 beside the base's tests, so each group of
+# a candidate runs in its own process, as the base's do (16 cores: three candidates at once finish within the limit).
 set -uo pipefail
 out=${1:-kernel_results}
 mkdir -p "$out"
@@ -17,12 +20,17 @@ status=0
 pids=()
 limit=${TEST_LIMIT_S:-390}  # each test process: a hang must not eat the timing phase
 # one pytest process per group of kernels to compile: Triton's compilation is single-threaded per process
-for group in "default_shapes:not variant and bf16_random_shapes" "default_rest:not variant and not bf16_random_shapes" \
-             "query:variant and query" "dipsum:variant and dipsum" "docs:variant and docs and not query and not dipsum"; do
-    timeout "$limit" python3 -m pytest -q -m gpu -p no:cacheprovider tests/ops/fpa/test_fpa_fused.py -k "${group#*:}" \
-        > "$out/tests_${group%%:*}.log" 2>&1 &
-    pids+=($!)
-done
+groups=("default_shapes:not variant and bf16_random_shapes" "default_rest:not variant and not bf16_random_shapes"
+        "query:variant and query" "dipsum:variant and dipsum" "docs:variant and docs and not query and not dipsum")
+fused_tests() {  # DIR LOG_PREFIX: every group of the fused kernel's GPU tests in DIR, each its own process
+    local group
+    for group in "${groups[@]}"; do
+        (cd "$1" && timeout "$limit" python3 -m pytest -q -m gpu -p no:cacheprovider \
+            tests/ops/fpa/test_fpa_fused.py -k "${group#*:}") > "$2_${group%%:*}.log" 2>&1 &
+        pids+=($!)
+    done
+}
+fused_tests . "$out/tests"
 timeout "$limit" python3 -m pytest -q -p no:cacheprovider tests/attention/test_backends.py -k "fused_path or impl_resolution" \
     > "$out/tests_backends.log" 2>&1 &
 pids+=($!)
@@ -33,9 +41,7 @@ for patch in benchmarks/candidates/*.patch; do
     if [ -n "${CANDIDATES+set}" ] && [[ " $CANDIDATES " != *" $name "* ]]; then continue; fi
     trees[$name]=$(bash benchmarks/candidates/ab.sh tree "$patch")
     # every variant's GPU tests (documents, query level), not ab.sh's default subset: the candidates touch them all
-    AB_TESTS=${AB_TESTS:-tests/ops/fpa/test_fpa_fused.py} timeout "$limit" bash benchmarks/candidates/ab.sh test \
-        "${trees[$name]}" > "$out/tests_candidate_$name.log" 2>&1 &
-    pids+=($!)
+    fused_tests "${trees[$name]}" "$out/tests_candidate_$name"
 done
 for pid in "${pids[@]}"; do wait "$pid" || status=1; done
 # the timing phase takes ~3 minutes at four shapes; past TIME_LEFT_S (default 300) of tests it keeps two shapes, so
@@ -45,23 +51,32 @@ if (( SECONDS > ${TIME_LEFT_S:-300} )); then shapes=8x2048,1x16384; fi
 echo "tests took ${SECONDS} s; timing shapes $shapes"
 python3 benchmarks/attention.py --methods sdpa-flash,fpa,fpa-skip10,fpa-query,fpa-dipsum,fpa-docs --shapes "$shapes" \
     > "$out/attention.log" 2>&1 || status=1
+all_passed() {  # LOG...: each log's last line is pytest's summary with passes and no failure or error
+    local log last
+    for log in "$@"; do
+        last=$(tail -n 1 "$log")
+        [[ "$last" == *" passed"* && "$last" != *failed* && "$last" != *error* ]] || return 1
+    done
+}
 for name in "${!trees[@]}"; do
-    last=$(tail -n 1 "$out/tests_candidate_$name.log")
-    if [[ "$last" == *" passed"* && "$last" != *failed* && "$last" != *error* ]]; then
+    if all_passed "$out/tests_candidate_${name}_"*.log; then
         bash benchmarks/candidates/ab.sh time "${trees[$name]}" "$out/timing_candidate_$name.log" "$shapes" fpa,fpa-skip10 \
             || status=1
         bash benchmarks/candidates/ab.sh same "${trees[$name]}" > "$out/same_candidate_$name.log" 2>&1 || status=1
     fi
 done
+summary() {
+    echo "== tests (last lines)"
+    for f in "$out"/tests_*.log; do echo "$(basename "$f" .log): $(tail -n 1 "$f")"; done
+    for name in "${!trees[@]}"; do
+        echo "== candidate $name (timed only if its tests passed)"
+        [ -f "$out/timing_candidate_$name.log" ] && bash benchmarks/candidates/ab.sh table "$name" "$out/attention.log" \
+            "$out/timing_candidate_$name.log"
+        [ -f "$out/same_candidate_$name.log" ] && cat "$out/same_candidate_$name.log"
+    done
+    echo "== benchmarks/attention.py, one run (ratios to SDPA-flash)"
+    grep "^|" "$out/attention.log"
+}
 echo
-echo "== tests (last lines)"
-for f in "$out"/tests_*.log; do echo "$(basename "$f" .log): $(tail -n 1 "$f")"; done
-for name in "${!trees[@]}"; do
-    echo "== candidate $name (timed only if its tests passed)"
-    [ -f "$out/timing_candidate_$name.log" ] && bash benchmarks/candidates/ab.sh table "$name" "$out/attention.log" \
-        "$out/timing_candidate_$name.log"
-    [ -f "$out/same_candidate_$name.log" ] && cat "$out/same_candidate_$name.log"
-done
-echo "== benchmarks/attention.py, one run (ratios to SDPA-flash)"
-grep "^|" "$out/attention.log"
+summary | tee "$out/summary.md"
 exit $status

@@ -11,6 +11,9 @@
 #   bash benchmarks/lm_study.sh compare fpa fox             # eval.py seeds for each task both sides have (CPU is fine)
 #   bash benchmarks/lm_study.sh summary                     # every finished run's final losses, then status.tsv
 #   bash benchmarks/lm_study.sh pack FILE.tar.gz            # the results without checkpoints or event files' images
+#   bash benchmarks/lm_study.sh record RECORDS              # finished units' records into RECORDS (to commit)
+#   bash benchmarks/lm_study.sh restore RECORDS             # a fresh $RESULTS from committed records: units whose
+#                                                           #   records are complete are skipped by the next run
 # The retrieval arm (configs/study/retrieval_*.yaml: the corpus mixed with synthetic retrieval documents):
 #   SHARES="0.05 0.1 0.2" bash benchmarks/lm_study.sh pilot # FPA, seed 0, per share: pass keys at the training length;
 #                                                           #   pilot.json: the smallest share finding 90 % of them
@@ -23,7 +26,9 @@
 # Resuming across GPU leases: a unit whose evaluations are all in $RESULTS is skipped; one trained in an earlier lease
 # whose checkpoint is gone but whose evaluations are incomplete is trained again, and its new final losses are
 # checked against the recorded ones (runs/<name>/final.json; a mismatch is reported, FPA's training is deterministic).
-# Carry $RESULTS (without checkpoints: `pack`) into the next lease and run the same command.
+# Carry $RESULTS (without checkpoints: `pack`) into the next lease and run the same command; or, where nothing survives
+# a lease but the repository, `record` the finished units into a committed folder (benchmarks/results/lm_study_seeds:
+# trainings/<name>.json, eval/, compare/, status.tsv) and `restore` it at the start of the next lease.
 #
 # Environment:
 #   SEEDS      initialisation seeds (seed_everything), default "0" (the pilot: 0)
@@ -274,6 +279,45 @@ pilot() {
     "$python" benchmarks/lm_study_pilot.py --out "$results/pilot.json" --length "$context" "${runs[@]}" || failed=1
 }
 
+# record DEST: every finished unit's final losses (trainings/<name>.json), its evaluations and the comparisons, and
+# the status lines DEST lacks; no checkpoints, event files or logs. A unit recorded again replaces its files.
+record() {
+    local dest=$1 final name
+    mkdir -p "$dest/trainings" "$dest/eval" "$dest/compare"
+    for final in "$results"/runs/*/final.json; do
+        [ -f "$final" ] || continue
+        name=$(basename "$(dirname "$final")")
+        cp "$final" "$dest/trainings/$name.json"
+    done
+    cp -r "$results/eval/." "$dest/eval/"
+    cp -r "$results/compare/." "$dest/compare/"
+    [ -f "$results/pilot.json" ] && cp "$results/pilot.json" "$dest/"
+    touch "$dest/status.tsv"
+    local line
+    while IFS= read -r line; do
+        grep -qxF -- "$line" "$dest/status.tsv" || printf '%s\n' "$line" >>"$dest/status.tsv"
+    done <"$results/status.tsv"
+    echo "== recorded $(ls "$dest/trainings" | wc -l) trainings and $(find "$dest/eval" -name '*.json' | wc -l) evaluations in $dest"
+}
+
+# restore SOURCE: what `record` wrote, back into $RESULTS (nothing there is replaced): a unit with its final losses and
+# every requested evaluation is skipped; one whose evaluations are incomplete is trained again (no checkpoint) and
+# checked against its recorded losses
+restore() {
+    local source=$1 training name
+    [ -d "$source/trainings" ] || { echo "restore: $source has no trainings/ folder (made by: lm_study.sh record)" >&2
+                                    failed=1; return 1; }
+    for training in "$source"/trainings/*.json; do
+        [ -f "$training" ] || continue
+        name=$(basename "$training" .json)
+        mkdir -p "$results/runs/$name"
+        [ -f "$results/runs/$name/final.json" ] || cp "$training" "$results/runs/$name/final.json"
+    done
+    [ -d "$source/eval" ] && cp -rn "$source/eval/." "$results/eval/"
+    [ -d "$source/compare" ] && cp -rn "$source/compare/." "$results/compare/"
+    echo "== restored $(ls "$source/trainings" | wc -l) trainings from $source"
+}
+
 summary() {
     echo "== finished runs (runs/*/final.json)"
     "$python" benchmarks/lm_study_runs.py finals "$results/runs"
@@ -293,8 +337,10 @@ case $command in
              units "" "${backends[@]}" ;;
     summary) ;;
     pack)    tar --exclude='*.ckpt' -czf "${1:?pack needs an output file}" "$results" && ls -l "$1" ;;
+    record)  record "${1:?record needs a folder}" ;;
+    restore) restore "${1:?restore needs a folder made by record}" ;;
     *)       echo "usage: $0 verify|all|run [BACKEND...]|sweep [BACKEND...]|pilot|retrieval [BACKEND...]|compare A B|" \
-                  "summary|pack FILE" >&2; exit 2 ;;
+                  "summary|pack FILE|record DIR|restore DIR" >&2; exit 2 ;;
 esac
 summary
 exit "$failed"

@@ -91,6 +91,35 @@ def test_compare_gives_seed_level_statistics(study):
     assert [s["estimate"] for s in loss["per_seed"]] == [0.0, 0.0] and loss["mean"] == 0.0  # A against itself
 
 
+def test_recorded_units_restored_into_a_fresh_folder_are_skipped(study, tmp_path):
+    """A lease that keeps nothing but the repository: `record` the finished units into a folder to commit, then in a
+    fresh results folder `restore` them; the next run trains nothing, and the records hold no checkpoint or log."""
+    results, env, _ = study
+    records = tmp_path / "records"
+    run_script(env, "record", str(records))
+    for seed in (0, 1):
+        name = f"study_fpa_lr1e-3_s{seed}"
+        assert json.loads((records / "trainings" / f"{name}.json").read_text()) == json.loads(
+            (results / "runs" / name / "final.json").read_text())
+        assert (records / "eval" / name / "test_loss" / "test_loss.json").is_file()
+    kept = [p for p in records.rglob("*") if p.is_file()]
+    assert not [p for p in kept if p.suffix in (".ckpt", ".log") or "tfevents" in p.name]
+    status = (records / "status.tsv").read_text().splitlines()
+    run_script(env, "record", str(records))  # recording again adds no status line twice
+    assert (records / "status.tsv").read_text().splitlines() == status
+    fresh = {**env, "RESULTS": str(tmp_path / "fresh")}
+    run_script(fresh, "restore", str(records))
+    again = run_script(fresh, "run", "fpa")
+    assert len(re.findall(r"finished before, skipped", again.stdout)) == 2 and "== train_" not in again.stdout
+
+
+def test_restore_names_what_it_needs(tmp_path):
+    done = subprocess.run(["bash", str(SCRIPT), "restore", str(tmp_path)], capture_output=True, text=True,
+                          env={**os.environ, "RESULTS": str(tmp_path / "results"), "PYTHON": sys.executable},
+                          timeout=120)
+    assert done.returncode != 0 and "has no trainings/ folder (made by: lm_study.sh record)" in done.stderr
+
+
 def test_the_runner_default_rate_is_the_configs():
     configured = yaml.safe_load((REPO / "configs" / "base" / "110m.yaml").read_text())["model"]["optim"]["lr"]
     default = re.search(r"lrs=\(\$\{LRS:-(\S+)\}\)", SCRIPT.read_text()).group(1)

@@ -13,6 +13,7 @@ from fpa_lightning.probes.ladder import DipDuration, Ladder, MultiDipLadder, Unn
 from fpa_lightning.probes.model import Shape, variant
 from fpa_lightning.probes.recall import Mqar
 from fpa_lightning.probes.sequences import FlipFlop
+from fpa_lightning.probes.theory import hand_built_fpa_head
 from fpa_lightning.probes.train import (Budget, data_seeds, has_label_split, held_out_set, in_held_out, label_parts,
                                         part_overlap, row_data, split_keys, train_row)
 from fpa_lightning.probes.walks import PushPop, TwoFamilies
@@ -133,6 +134,18 @@ def test_the_label_split_is_disjoint_on_the_label_determining_part(probe):
         assert label == probe.reference_labels(tokens)
         labels.setdefault(tuple(part), set()).add(tuple(label))
     assert all(len(found) == 1 for found in labels.values())
+
+
+@pytest.mark.parametrize("probe", [Ladder(r=6), Ladder(r=10), UnnamedLadder(r=10)], ids=lambda p: p.key)
+def test_the_hand_built_fpa_head_solves_the_label_split_held_out_set(probe):
+    """The label split asks for the rule, not the pool's parts, and the rule answers it: the hand-set FPA ladder
+    head (no training) is exact on the table's 2048 held-out sequences of that split, so a trained model's failure
+    there is its own (docs/probes.md, "The label-determining part")."""
+    test = held_out_set(probe, 2048, split="label")
+    with torch.no_grad():
+        predicted = hand_built_fpa_head(probe)(test.tokens).argmax(-1)
+    scored = test.labels != -1
+    assert bool((predicted == test.labels)[scored].all())
 
 
 def test_under_the_sequence_split_the_label_determining_parts_recur():

@@ -96,6 +96,8 @@ SOURCES = {
     "dip6000": ("benchmarks/results/probes/cpu_2026-12-05_dip_depth_6000/probes.json", "CPU"),
     "dipdata1": ("benchmarks/results/probes/cpu_2026-12-05_dip_depth_data_seed1/probes.json", "CPU"),
     "dip1data1": ("benchmarks/results/probes/cpu_2026-12-05_dip_depth_duration1_data_seed1/probes.json", "CPU"),
+    "ladderlabel": ("benchmarks/results/probes/cpu_2026-12-05_ladder_label/probes.json", "CPU"),
+    "unnamedlabel": ("benchmarks/results/probes/cpu_2026-12-05_unnamed_ladder_label/probes.json", "CPU"),
 }
 """Every committed result file whose rows the summary reads: key -> (path from the repository root, device)."""
 
@@ -130,10 +132,20 @@ PENDING_MQAR_512 = ('python eval.py --task probes --device cuda --devices cuda:0
                     '--out DIR')
 PENDING_CAPACITY = ('python eval.py --task probes --device cuda --workers 12 --groups "unnamed ladder*positions, d=*, '
                     'r=18" --steps 4500 --lr LR --out DIR')
-PENDING_LABEL_SPLIT = ('python eval.py --task probes --device cuda --workers 12 --probes ladder unnamed_ladder '
-                       'dip_depth --split label --out DIR')
+PENDING_LABEL_SPLIT = ('python eval.py --task probes --device cuda --workers 12 --probes dip_depth --split label '
+                       '--out DIR')
 PENDING_DIP_DEPTH = ('python eval.py --task probes --device cuda --workers 12 --probes dip_depth --steps 2000 6000 '
                      '--merge benchmarks/results/probes/h200_2026-12-02 --out DIR')
+
+LABEL_NOTE = "held-out parts never in the pool, on which the hand-set FPA head is exact (\"Training, held-out sets\")"
+LABEL_SPLIT_LINES = [
+    Line(group, source, title=f"{group}, label split", note=LABEL_NOTE if i == 0 else "label split, as above")
+    for i, (group, source) in enumerate(
+        [(f"ladder, d=4, r={r}", "ladderlabel") for r in (6, 10, 14, 18)]
+        + [(f"ladder control, d={r + 2}, r={r}", "ladderlabel") for r in (10, 14, 18)]
+        + [(f"unnamed ladder, positions, d=4, r={r}", "unnamedlabel") for r in (10, 14, 18)]
+        + [(f"unnamed ladder control, positions, d={r + 2}, r={r}", "unnamedlabel") for r in (10, 14, 18)])]
+"""The ladders' rows under the label split (issue #45, item 4), beside their sequence-split lines above."""
 
 LINES = [
     Line("ladder, d=4, r=6", "h200"),
@@ -169,8 +181,9 @@ LINES = [
          note="a data replicate (another pool and held-out set) of the 2000-step line"),
     Line("dip depth, 2000 and 6000 steps, H200, every backend", pending=PENDING_DIP_DEPTH,
          paper="as the dip depth lines"),
-    Line("ladders and dip depth, held-out sets disjoint on the label-determining part", pending=PENDING_LABEL_SPLIT,
-         paper="as their lines"),
+    Line("dip depth, held-out sets disjoint on the label-determining part", pending=PENDING_LABEL_SPLIT,
+         paper="as the dip depth lines"),
+    *LABEL_SPLIT_LINES,
     Line("two families, 2 heads of d=2", "h200"),
     Line("push/pop", "h200"),
     Line("find a name among alive keys", "h200", note="a global binding is its own token, so content marks it"),

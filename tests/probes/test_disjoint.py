@@ -136,7 +136,8 @@ def test_the_label_split_is_disjoint_on_the_label_determining_part(probe):
     assert all(len(found) == 1 for found in labels.values())
 
 
-@pytest.mark.parametrize("probe", [Ladder(r=6), Ladder(r=10), UnnamedLadder(r=10)], ids=lambda p: p.key)
+@pytest.mark.parametrize("probe", [Ladder(r=r) for r in (6, 10, 14, 18)] + [UnnamedLadder(r=r) for r in (10, 14, 18)],
+                         ids=lambda p: p.key)
 def test_the_hand_built_fpa_head_solves_the_label_split_held_out_set(probe):
     """The label split asks for the rule, not the pool's parts, and the rule answers it: the hand-set FPA ladder
     head (no training) is exact on the table's 2048 held-out sequences of that split, so a trained model's failure

@@ -98,6 +98,7 @@ SOURCES = {
     "dip1data1": ("benchmarks/results/probes/cpu_2026-12-05_dip_depth_duration1_data_seed1/probes.json", "CPU"),
     "ladderlabel": ("benchmarks/results/probes/cpu_2026-12-05_ladder_label/probes.json", "CPU"),
     "unnamedlabel": ("benchmarks/results/probes/cpu_2026-12-05_unnamed_ladder_label/probes.json", "CPU"),
+    "diplabel": ("benchmarks/results/probes/cpu_2026-12-05_dip_depth_label/probes.json", "CPU"),
 }
 """Every committed result file whose rows the summary reads: key -> (path from the repository root, device)."""
 
@@ -132,8 +133,6 @@ PENDING_MQAR_512 = ('python eval.py --task probes --device cuda --devices cuda:0
                     '--out DIR')
 PENDING_CAPACITY = ('python eval.py --task probes --device cuda --workers 12 --groups "unnamed ladder*positions, d=*, '
                     'r=18" --steps 4500 --lr LR --out DIR')
-PENDING_LABEL_SPLIT = ('python eval.py --task probes --device cuda --workers 12 --probes dip_depth --split label '
-                       '--out DIR')
 PENDING_DIP_DEPTH = ('python eval.py --task probes --device cuda --workers 12 --probes dip_depth --steps 2000 6000 '
                      '--merge benchmarks/results/probes/h200_2026-12-02 --out DIR')
 
@@ -144,8 +143,10 @@ LABEL_SPLIT_LINES = [
         [(f"ladder, d=4, r={r}", "ladderlabel") for r in (6, 10, 14, 18)]
         + [(f"ladder control, d={r + 2}, r={r}", "ladderlabel") for r in (10, 14, 18)]
         + [(f"unnamed ladder, positions, d=4, r={r}", "unnamedlabel") for r in (10, 14, 18)]
-        + [(f"unnamed ladder control, positions, d={r + 2}, r={r}", "unnamedlabel") for r in (10, 14, 18)])]
-"""The ladders' rows under the label split (issue #45, item 4), beside their sequence-split lines above."""
+        + [(f"unnamed ladder control, positions, d={r + 2}, r={r}", "unnamedlabel") for r in (10, 14, 18)]
+        + [("dip depth, durations 1-2", "diplabel"), ("dip depth, duration 1", "diplabel")])]
+"""The ladders' and dip_depth's rows under the label split (issue #45, item 4), beside their sequence-split
+lines above."""
 
 LINES = [
     Line("ladder, d=4, r=6", "h200"),
@@ -180,8 +181,6 @@ LINES = [
     Line("dip depth, duration 1", "dip1data1", title="dip depth, duration 1, data seed 1",
          note="a data replicate (another pool and held-out set) of the 2000-step line"),
     Line("dip depth, 2000 and 6000 steps, H200, every backend", pending=PENDING_DIP_DEPTH,
-         paper="as the dip depth lines"),
-    Line("dip depth, held-out sets disjoint on the label-determining part", pending=PENDING_LABEL_SPLIT,
          paper="as the dip depth lines"),
     *LABEL_SPLIT_LINES,
     Line("two families, 2 heads of d=2", "h200"),

@@ -99,6 +99,7 @@ SOURCES = {
     "ladderlabel": ("benchmarks/results/probes/cpu_2026-12-05_ladder_label/probes.json", "CPU"),
     "unnamedlabel": ("benchmarks/results/probes/cpu_2026-12-05_unnamed_ladder_label/probes.json", "CPU"),
     "diplabel": ("benchmarks/results/probes/cpu_2026-12-05_dip_depth_label/probes.json", "CPU"),
+    "walkslabel": ("benchmarks/results/probes/cpu_2026-12-05_walks_label/probes.json", "CPU"),
 }
 """Every committed result file whose rows the summary reads: key -> (path from the repository root, device)."""
 
@@ -144,9 +145,10 @@ LABEL_SPLIT_LINES = [
         + [(f"ladder control, d={r + 2}, r={r}", "ladderlabel") for r in (10, 14, 18)]
         + [(f"unnamed ladder, positions, d=4, r={r}", "unnamedlabel") for r in (10, 14, 18)]
         + [(f"unnamed ladder control, positions, d={r + 2}, r={r}", "unnamedlabel") for r in (10, 14, 18)]
-        + [("dip depth, durations 1-2", "diplabel"), ("dip depth, duration 1", "diplabel")])]
-"""The ladders' and dip_depth's rows under the label split (issue #45, item 4), beside their sequence-split
-lines above."""
+        + [("dip depth, durations 1-2", "diplabel"), ("dip depth, duration 1", "diplabel")]
+        + [("two families, 2 heads of d=2", "walkslabel"), ("push/pop", "walkslabel")])]
+"""The rows under the label split (issue #45, item 4) of the ladders, dip_depth, two_families and push_pop, after
+their sequence-split lines."""
 
 LINES = [
     Line("ladder, d=4, r=6", "h200"),

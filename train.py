@@ -45,6 +45,7 @@ import warnings
 from typing import Literal, Optional
 
 import yaml
+from lightning.fabric.strategies.fsdp import _is_sharded_checkpoint
 from lightning.pytorch.callbacks import ModelCheckpoint, RichProgressBar, TQDMProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.plugins.io import TorchCheckpointIO
@@ -92,9 +93,9 @@ silence_foreign_noise()
 
 def checkpoint_path_problem(path: str) -> str | None:
     """Why ``path`` cannot be resumed from, or None. A checkpoint is a file, or the folder of a sharded FSDP
-    checkpoint (``state_dict_type="sharded"``): Lightning's FSDP loader knows one by the ``meta.pt`` it writes beside
-    the shards."""
-    if os.path.isfile(path) or os.path.isfile(os.path.join(path, "meta.pt")):
+    checkpoint (``state_dict_type="sharded"``), recognised by the check Lightning's own FSDP loader makes (the
+    ``meta.pt`` it writes beside the shards)."""
+    if os.path.isfile(path) or _is_sharded_checkpoint(pathlib.Path(path)):
         return None
     return "is a folder, not a checkpoint file or a sharded checkpoint" if os.path.isdir(path) else "does not exist"
 

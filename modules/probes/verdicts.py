@@ -100,6 +100,8 @@ SOURCES = {
     "unnamedlabel": ("benchmarks/results/probes/cpu_2026-12-05_unnamed_ladder_label/probes.json", "CPU"),
     "diplabel": ("benchmarks/results/probes/cpu_2026-12-05_dip_depth_label/probes.json", "CPU"),
     "walkslabel": ("benchmarks/results/probes/cpu_2026-12-05_walks_label/probes.json", "CPU"),
+    "multidiplabel": ("benchmarks/results/probes/cpu_2026-12-05_multi_dip_ladder_label/probes.json", "CPU"),
+    "durationlabel": ("benchmarks/results/probes/cpu_2026-12-05_dip_duration_label/probes.json", "CPU"),
 }
 """Every committed result file whose rows the summary reads: key -> (path from the repository root, device)."""
 
@@ -139,16 +141,21 @@ PENDING_DIP_DEPTH = ('python eval.py --task probes --device cuda --workers 12 --
 
 LABEL_NOTE = "held-out parts never in the pool, on which the hand-set FPA head is exact (\"Training, held-out sets\")"
 LABEL_SPLIT_LINES = [
-    Line(group, source, title=f"{group}, label split", note=LABEL_NOTE if i == 0 else "label split, as above")
-    for i, (group, source) in enumerate(
-        [(f"ladder, d=4, r={r}", "ladderlabel") for r in (6, 10, 14, 18)]
-        + [(f"ladder control, d={r + 2}, r={r}", "ladderlabel") for r in (10, 14, 18)]
-        + [(f"unnamed ladder, positions, d=4, r={r}", "unnamedlabel") for r in (10, 14, 18)]
-        + [(f"unnamed ladder control, positions, d={r + 2}, r={r}", "unnamedlabel") for r in (10, 14, 18)]
-        + [("dip depth, durations 1-2", "diplabel"), ("dip depth, duration 1", "diplabel")]
-        + [("two families, 2 heads of d=2", "walkslabel"), ("push/pop", "walkslabel")])]
-"""The rows under the label split (issue #45, item 4) of the ladders, dip_depth, two_families and push_pop, after
-their sequence-split lines."""
+    Line(group, source, title=f"{group}, label split",
+         note=note or (LABEL_NOTE if i == 0 else "label split, as above"))
+    for i, (group, source, note) in enumerate(
+        [(f"ladder, d=4, r={r}", "ladderlabel", "") for r in (6, 10, 14, 18)]
+        + [(f"ladder control, d={r + 2}, r={r}", "ladderlabel", "") for r in (10, 14, 18)]
+        + [(f"unnamed ladder, positions, d=4, r={r}", "unnamedlabel", "") for r in (10, 14, 18)]
+        + [(f"unnamed ladder control, positions, d={r + 2}, r={r}", "unnamedlabel", "") for r in (10, 14, 18)]
+        + [(f"multi-dip ladder, d=4, r={r}", "multidiplabel", "") for r in (10, 14, 18)]
+        + [("dip duration, variable", "durationlabel", ""),
+           ("dip duration, fixed", "durationlabel", "label split; unlike the sequence split's, its held-out part holds "
+                                                    "every class")]
+        + [("dip depth, durations 1-2", "diplabel", ""), ("dip depth, duration 1", "diplabel", "")]
+        + [("two families, 2 heads of d=2", "walkslabel", ""), ("push/pop", "walkslabel", "")])]
+"""The rows under the label split (issue #45, item 4) of the ladders, the multi-dip ladder, dip_duration, dip_depth,
+two_families and push_pop, after their sequence-split lines."""
 
 LINES = [
     Line("ladder, d=4, r=6", "h200"),
@@ -169,6 +176,10 @@ LINES = [
     Line("unnamed ladder control, positions, d=12, r=10", "h200"),
     Line("unnamed ladder control, positions, d=16, r=14", "h200"),
     Line("unnamed ladder control, positions, d=20, r=18", "h200"),
+    Line("multi-dip ladder, d=4, r=10", "h200", note="one layer, no positions; the positioned rows (no paper count) "
+         "are under \"Where we differ from the paper\""),
+    Line("multi-dip ladder, d=4, r=14", "h200", note="as above"),
+    Line("multi-dip ladder, d=4, r=18", "h200", note="as above"),
     Line("dip duration, variable", "h200", note="every dip token names its depth; 133 distinct held-out sequences"),
     Line("dip duration, fixed", "h200", untestable="its held-out part holds 28 sequences and no class 2"),
     Line("dip depth, durations 1-2", "h200", note="our unit-step probe; trained 1–2 and tested 3–4, the dip sum "

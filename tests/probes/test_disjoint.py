@@ -136,12 +136,12 @@ def test_the_label_split_is_disjoint_on_the_label_determining_part(probe):
     assert all(len(found) == 1 for found in labels.values())
 
 
-@pytest.mark.parametrize("probe", [Ladder(r=r) for r in (6, 10, 14, 18)] + [UnnamedLadder(r=r) for r in (10, 14, 18)],
-                         ids=lambda p: p.key)
+@pytest.mark.parametrize("probe", [Ladder(r=r) for r in (6, 10, 14, 18)] + [UnnamedLadder(r=r) for r in (10, 14, 18)]
+                         + [DipDuration(), DipDuration(duration="fixed")], ids=lambda p: p.key)
 def test_the_hand_built_fpa_head_solves_the_label_split_held_out_set(probe):
-    """The label split asks for the rule, not the pool's parts, and the rule answers it: the hand-set FPA ladder
-    head (no training) is exact on the table's 2048 held-out sequences of that split, so a trained model's failure
-    there is its own (docs/probes.md, "Training, held-out sets and statistics")."""
+    """The label split asks for the rule, not the pool's parts, and the rule answers it: the hand-set FPA head of
+    the ladder or of dip_duration (no training) is exact on the table's 2048 held-out sequences of that split, so a
+    trained model's failure there is its own (docs/probes.md, "Training, held-out sets and statistics")."""
     test = held_out_set(probe, 2048, split="label")
     with torch.no_grad():
         predicted = hand_built_fpa_head(probe)(test.tokens).argmax(-1)

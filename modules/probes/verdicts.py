@@ -102,6 +102,7 @@ SOURCES = {
     "walkslabel": ("benchmarks/results/probes/cpu_2026-12-05_walks_label/probes.json", "CPU"),
     "multidiplabel": ("benchmarks/results/probes/cpu_2026-12-05_multi_dip_ladder_label/probes.json", "CPU"),
     "durationlabel": ("benchmarks/results/probes/cpu_2026-12-05_dip_duration_label/probes.json", "CPU"),
+    "salt1": ("benchmarks/results/probes/cpu_2026-12-05_salt1/probes.json", "CPU"),
 }
 """Every committed result file whose rows the summary reads: key -> (path from the repository root, device)."""
 
@@ -157,6 +158,14 @@ LABEL_SPLIT_LINES = [
 """The rows under the label split (issue #45, item 4) of the ladders, the multi-dip ladder, dip_duration, dip_depth,
 two_families and push_pop, after their sequence-split lines."""
 
+SALT_LINES = [
+    Line(group, "salt1", title=f"{group}, salt 1",
+         note="another quarter of the space held out (`--salt 1`)" if i == 0 else "salt 1, as above")
+    for i, group in enumerate(["two families, 2 heads of d=2", "push/pop", "find a name among alive keys",
+                               "find a name, without content retrieval", "flip-flop", "counting"])]
+"""A data replicate (issue #45, item 5) of the reproduced walk and scope lines: the split's hash keyed with another
+salt, so that another part of each sequence space is held out and the pool is drawn from the rest."""
+
 LINES = [
     Line("ladder, d=4, r=6", "h200"),
     Line("ladder, d=4, r=10", "h200", note="each push names its rung, so a vote over the pushes answers"),
@@ -204,6 +213,7 @@ LINES = [
     Line("copy", "h200", note="one FPA layer without positions cannot point n back"),
     Line("counting", "h200"),
     Line("variable assignment", "h200"),
+    *SALT_LINES,
     Line("mqar, 2 layers", "h200", note="compact MQAR: 8 pairs, no MLP"),
     Line("mqar, 3 layers", "h200", note="compact MQAR"),
     Line("mqar, 4 layers", "h200", note="compact MQAR"),

@@ -104,6 +104,7 @@ SOURCES = {
     "durationlabel": ("benchmarks/results/probes/cpu_2026-12-05_dip_duration_label/probes.json", "CPU"),
     "salt1": ("benchmarks/results/probes/cpu_2026-12-05_salt1/probes.json", "CPU"),
     "multidipsalt1": ("benchmarks/results/probes/cpu_2026-12-05_multi_dip_positions_label_salt1/probes.json", "CPU"),
+    "dipextrasalt1": ("benchmarks/results/probes/cpu_2026-12-05_dip_depth_extrapolation_salt1/probes.json", "CPU"),
 }
 """Every committed result file whose rows the summary reads: key -> (path from the repository root, device)."""
 

@@ -279,9 +279,11 @@ def test_the_constant_answers_of_the_label_split_are_its_held_out_sets():
         return f"{max(share, 1 - share):.2f}"
     named = [constant(probe(f"ladder(r={r})")) for r in (6, 10, 14, 18)]
     unnamed = [constant(probe(f"unnamed_ladder(r={r})")) for r in (10, 14, 18)]
+    multi_dip = [constant(probe(f"multi_dip_ladder(r={r}, dips=3)")) for r in (10, 14, 18)]
     text = flat(page())
     assert f"A constant answer scores {named[0]}, {named[1]}, {named[2]} and {named[3]} on these held-out sets" in text
     assert f"(constant {unnamed[0]}, {unnamed[1]}, {unnamed[2]} at r = 10, 14, 18)" in text
+    assert f"a constant answer {min(multi_dip)}–{max(multi_dip)})" in text
 
 
 OVERLAP = "<!-- overlap: tests/modules/probes/test_probe_docs.py recomputes this table -->"

@@ -270,6 +270,10 @@ def test_the_new_held_out_sets_of_small_spaces():
             ) in text
     fixed = held_out_set(probe("dip_duration(r=8, duration=fixed, order=any)"), 2048)
     assert 2 not in fixed.labels[:, -1].tolist()
+    # the label split's held-out part of the same space holds every class, which makes that row testable
+    fixed = held_out_set(probe("dip_duration(r=8, duration=fixed, order=any)"), 2048, split="label")
+    assert set(fixed.labels[:, -1].tolist()) == {0, 1, 2, 3}
+    assert f"fixed, on {len(torch.unique(fixed.tokens, dim=0))} held-out sequences of all four classes" in text
 
 
 def test_the_constant_answers_of_the_label_split_are_its_held_out_sets():

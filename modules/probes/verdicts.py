@@ -105,6 +105,8 @@ SOURCES = {
     "salt1": ("benchmarks/results/probes/cpu_2026-12-05_salt1/probes.json", "CPU"),
     "multidipsalt1": ("benchmarks/results/probes/cpu_2026-12-05_multi_dip_positions_label_salt1/probes.json", "CPU"),
     "dipextrasalt1": ("benchmarks/results/probes/cpu_2026-12-05_dip_depth_extrapolation_salt1/probes.json", "CPU"),
+    "laddersalt1": ("benchmarks/results/probes/cpu_2026-12-05_ladder_salt1/probes.json", "CPU"),
+    "unnamedsalt1": ("benchmarks/results/probes/cpu_2026-12-05_unnamed_ladder_salt1/probes.json", "CPU"),
 }
 """Every committed result file whose rows the summary reads: key -> (path from the repository root, device)."""
 
@@ -161,12 +163,18 @@ LABEL_SPLIT_LINES = [
 two_families and push_pop, after their sequence-split lines."""
 
 SALT_LINES = [
-    Line(group, "salt1", title=f"{group}, salt 1",
+    Line(group, source, title=f"{group}, salt 1",
          note="another quarter of the space held out (`--salt 1`)" if i == 0 else "salt 1, as above")
-    for i, group in enumerate(["two families, 2 heads of d=2", "push/pop", "find a name among alive keys",
-                               "find a name, without content retrieval", "flip-flop", "counting"])]
-"""A data replicate (issue #45, item 5) of the reproduced walk and scope lines: the split's hash keyed with another
-salt, so that another part of each sequence space is held out and the pool is drawn from the rest."""
+    for i, (group, source) in enumerate(
+        [(f"ladder, d=4, r={r}", "laddersalt1") for r in (6, 10, 14, 18)]
+        + [(f"ladder control, d={r + 2}, r={r}", "laddersalt1") for r in (10, 14, 18)]
+        + [(f"unnamed ladder, positions, d=4, r={r}", "unnamedsalt1") for r in (10, 14, 18)]
+        + [(f"unnamed ladder control, positions, d={r + 2}, r={r}", "unnamedsalt1") for r in (10, 14, 18)]
+        + [(group, "salt1") for group in ["two families, 2 heads of d=2", "push/pop", "find a name among alive keys",
+                                          "find a name, without content retrieval", "flip-flop", "counting"]])]
+"""A data replicate (issue #45, item 5) of the ladders' sequence-split lines and of the walk and scope lines: the
+split's hash keyed with another salt, so that another part of each sequence space is held out and the pool is drawn
+from the rest."""
 
 LINES = [
     Line("ladder, d=4, r=6", "h200"),

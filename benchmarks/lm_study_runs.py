@@ -168,8 +168,11 @@ def sweep_table(runs: list[dict]) -> list[str]:
 
 def comparison_table(doc: dict) -> list[str]:
     seeds = doc["seeds"]
+    family = doc["metrics_read_together"]
+    basis = "" if family == 1 else (f"; verdicts from the t-interval at {doc['verdict_confidence']:.2%}, "
+                                    f"Bonferroni over the {family} metrics read together")
     lines = [f"**{doc['task']}**, {doc['folder']} ({len(seeds)} seeds; {doc['confidence']:.0%} intervals; "
-             f"{doc['n_boot']} bootstrap resamples)", "",
+             f"{doc['n_boot']} bootstrap resamples{basis})", "",
              "| metric | " + " | ".join(f"seed {s}" for s in seeds) + " | mean | t-interval over seeds | "
              "hierarchical bootstrap | sign test p | verdict |",
              "|---|" + "---|" * len(seeds) + "---|---|---|---|---|"]

@@ -6,7 +6,9 @@ across seeds"). So the unit of a verdict is the seed: for S seeds, each seed s g
 − metric(B_s) on the same items, and
 
 * ``t_interval``: the Student-t interval of the mean of the d_s (S − 1 degrees of freedom); the only basis of a
-  verdict (``seed_verdict``), and only with S ≥ 2;
+  verdict (``seed_verdict``), and only with S ≥ 2. Where a task's several metrics are read together (pg19_long's
+  position buckets), the verdict's interval is the t-interval at the Bonferroni level ``family_confidence``, so
+  that one metric of many crossing 0 by chance is not read as a finding;
 * ``hierarchical_bootstrap``: resample seeds, then within each resampled seed its item clusters (documents, works,
   rows), the mean of the resampled seeds' means; it adds the evaluation noise to the seed spread;
 * ``sign_test``: the exact two-sided sign test of the d_s against 0 (ties left out);
@@ -182,6 +184,15 @@ def hierarchical_bootstrap(per_seed: Sequence[Sequence[float]], clusters: Sequen
                     float(np.nanquantile(means, 1 - tail)), confidence)
 
 
+def family_confidence(confidence: float, metrics: int) -> float:
+    """The confidence of each verdict's interval when ``metrics`` verdicts are read together (Bonferroni: the
+    chance that any of them excludes 0 when none differs stays ≤ 1 − confidence)."""
+    _check_confidence(confidence)
+    if metrics < 1:
+        raise ValueError(f"a family needs at least one metric, got {metrics}")
+    return 1 - (1 - confidence) / metrics
+
+
 def seed_verdict(interval: Interval, direction: str, margin: float | None = None) -> str:
     """The verdict of a seed-level interval of A − B: superior when the whole interval lies on A's better side of 0,
     inferior when it lies on the worse side, non-inferior when it lies within ``margin`` of 0 on the worse side,
@@ -203,11 +214,14 @@ def seed_verdict(interval: Interval, direction: str, margin: float | None = None
 
 def compare_seeds(differences: Sequence[Sequence[float]], clusters: Sequence[Sequence] | None, direction: str,
                   margin: float | None = None, confidence: float = 0.95, n_boot: int = 10_000,
-                  seed: int = 0) -> dict:
+                  seed: int = 0, verdict_confidence: float | None = None) -> dict:
     """The seed-level comparison of one metric. differences[s]: seed s's item-level differences A − B (NaN where an
     item has no value); clusters[s]: their clusters. Returns per seed its difference and evaluation-noise interval,
-    the mean over seeds, the t-interval and the verdict (None with one seed, with ``note`` saying why), the
-    hierarchical bootstrap and the sign test."""
+    the mean over seeds, the t-interval, the verdict and the t-interval it rests on (at ``verdict_confidence``,
+    default ``confidence``; None with one seed, with ``note`` saying why), the hierarchical bootstrap and the sign
+    test."""
+    verdict_confidence = confidence if verdict_confidence is None else verdict_confidence
+    _check_confidence(verdict_confidence)
     per_seed = [cluster_means(d, None if clusters is None else clusters[s], n_boot, confidence, seed + s)
                 for s, d in enumerate(differences)]
     estimates = [iv.estimate for iv in per_seed]
@@ -220,8 +234,9 @@ def compare_seeds(differences: Sequence[Sequence[float]], clusters: Sequence[Seq
         "margin": margin,
     }
     if len(differences) < 2:
-        out.update(t_interval=None, verdict=None, note=ONE_PAIR_NOTE)
+        out.update(t_interval=None, verdict_interval=None, verdict=None, note=ONE_PAIR_NOTE)
     else:
-        interval = t_interval(estimates, confidence)
-        out.update(t_interval=interval.as_dict(), verdict=seed_verdict(interval, direction, margin), note=None)
+        basis = t_interval(estimates, verdict_confidence)
+        out.update(t_interval=t_interval(estimates, confidence).as_dict(), verdict_interval=basis.as_dict(),
+                   verdict=seed_verdict(basis, direction, margin), note=None)
     return out

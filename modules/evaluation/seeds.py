@@ -4,7 +4,8 @@
 by ``eval.py --task TASK`` (single-model files, or paired ``--compare`` files: their model A), pairs A's and B's by the
 training seed recorded in them (``checkpoint.seed_everything``), checks that every file was scored on the same items
 (``results.per_item.fingerprint``), and for each of the task's metrics reports every seed's difference A − B with its
-evaluation-noise interval, the mean over seeds, the seed-level t-interval (the verdict's only basis, ≥ 2 seeds), a
+evaluation-noise interval, the mean over seeds, the seed-level t-interval (the verdict's only basis, ≥ 2 seeds; with
+several metrics, at the Bonferroni level over them: ``family_confidence``), a
 hierarchical bootstrap (seeds, then item clusters) and an exact sign test (``fpa_lightning.evaluation.seeds``). With
 ``--a`` alone, the files are paired ``--compare`` results (A and B of one seed in each). Writes
 ``OUT/TASK_seeds.json`` and ``OUT/TASK_seeds.png``. ``eval.py --task TASK --ckpt A0 A1 --compare B0 B1`` evaluates
@@ -29,7 +30,7 @@ import yaml
 
 from fpa_lightning.atomic import write_json
 from fpa_lightning.evaluation.checkpoint import LoadedModel
-from fpa_lightning.evaluation.seeds import ONE_PAIR_NOTE, compare_seeds
+from fpa_lightning.evaluation.seeds import ONE_PAIR_NOTE, compare_seeds, family_confidence
 from modules.evaluation.report import json_safe, library_versions
 
 COMPARING_TASKS = ("test_loss", "pg19_long", "passkey", "ruler", "babilong", "cache_prune")
@@ -176,10 +177,12 @@ def _training(described: dict) -> dict:
 
 def seed_comparison(task: str, pairs: list[dict], margin: float | None, confidence: float, n_boot: int,
                     seed: int) -> dict:
-    """The seed-level statistics of every metric the A and B files share (``compare_seeds``), per seed labelled."""
+    """The seed-level statistics of every metric the A and B files share (``compare_seeds``), per seed labelled;
+    the metrics are read together, so each verdict rests on the t-interval at the Bonferroni level over them."""
     names = [n for n in pairs[0]["a_metrics"] if all(n in p["a_metrics"] and n in p["b_metrics"] for p in pairs)]
     if not names:
         raise SeedError(f"the A and B files of {task} share no metric")
+    verdict_confidence = family_confidence(confidence, len(names))
     metrics = []
     for name in names:
         differences, clusters = [], []
@@ -190,15 +193,23 @@ def seed_comparison(task: str, pairs: list[dict], margin: float | None, confiden
             differences.append(a["values"] - b["values"])
             clusters.append(a["clusters"])
         result = compare_seeds(differences, clusters, pairs[0]["a_metrics"][name]["direction"], margin, confidence,
-                               n_boot, seed)
+                               n_boot, seed, verdict_confidence)
         result["per_seed"] = [{"seed": p["seed"], **iv} for p, iv in zip(pairs, result["per_seed"])]
         metrics.append({"name": name, "items": len(differences[0]), **result})
     return {"task": task, "seeds": [p["seed"] for p in pairs],
             "pairs": [{"seed": p["seed"], "a": os.path.abspath(p["a"]), "b": os.path.abspath(p["b"]),
                        "a_training": p["a_training"], "b_training": p["b_training"]} for p in pairs],
             "fingerprint": pairs[0]["fingerprint"], "confidence": confidence, "n_boot": n_boot,
+            "verdict_confidence": verdict_confidence, "metrics_read_together": len(names),
             "bootstrap_seed": seed, "margin": margin, "note": ONE_PAIR_NOTE if len(pairs) < 2 else None,
             "metrics": metrics}
+
+
+def verdict_basis(result: dict) -> str:
+    """What the verdicts rest on where several metrics are read together (nothing to add for one)."""
+    n = result["metrics_read_together"]
+    return "" if n == 1 else (f"; verdicts from the t-interval at {result['verdict_confidence']:.2%}, Bonferroni over "
+                              f"the {n} metrics read together")
 
 
 def table(result: dict) -> str:
@@ -206,7 +217,7 @@ def table(result: dict) -> str:
     and the verdict (none with one seed: the note says why)."""
     level = f"{result['confidence']:.0%}"
     lines = [f"{result['task']}: A − B per training seed {result['seeds']} ({level} intervals; "
-             f"t: Student t over seeds, hier.: seeds then item clusters resampled)"]
+             f"t: Student t over seeds, hier.: seeds then item clusters resampled)" + verdict_basis(result)]
     width = max(len(m["name"]) for m in result["metrics"])
     for m in result["metrics"]:
         seeds = " ".join(f"{s['estimate']:+.4f}" for s in m["per_seed"])
@@ -290,7 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="eval.py seeds", description="Compare two models across training seeds from per-seed result files of "
         "one task (eval.py --task TASK ...). Files are paired by the training seed they record (seed_everything); "
         "every file must have been scored on the same items. A verdict comes only from the seed-level t-interval "
-        "and needs >= 2 seeds per side.")
+        "(with several metrics, at the Bonferroni level over them) and needs >= 2 seeds per side.")
     p.add_argument("--task", required=True, choices=COMPARING_TASKS, help="the task of every file")
     p.add_argument("--a", nargs="+", required=True, metavar="A.json", help="model A's results, one per seed (or "
                    "paired --compare results, without --b)")

@@ -4,9 +4,9 @@ import math
 import numpy as np
 import pytest
 
-from fpa_lightning.evaluation.seeds import (ONE_PAIR_NOTE, cluster_means, compare_seeds, fingerprint,
-                                            hierarchical_bootstrap, seed_verdict, sign_test, student_t_cdf,
-                                            student_t_quantile, t_interval, token_digest)
+from fpa_lightning.evaluation.seeds import (ONE_PAIR_NOTE, cluster_means, compare_seeds, family_confidence,
+                                            fingerprint, hierarchical_bootstrap, seed_verdict, sign_test,
+                                            student_t_cdf, student_t_quantile, t_interval, token_digest)
 from fpa_lightning.evaluation.stats import Interval
 
 # the issue's four retrained pairs (FPA − FoX test loss, nats)
@@ -40,6 +40,32 @@ def test_identical_seeds_give_a_zero_width_interval():
     iv = t_interval([-0.02, -0.02, -0.02])
     assert iv.lower == iv.estimate == iv.upper == pytest.approx(-0.02)
     assert seed_verdict(iv, "lower") == "superior" and seed_verdict(iv, "higher") == "inferior"
+
+
+def test_the_family_level_is_bonferronis():
+    assert family_confidence(0.95, 1) == 0.95
+    assert family_confidence(0.95, 7) == pytest.approx(1 - 0.05 / 7) and family_confidence(0.9, 4) == pytest.approx(0.975)
+    with pytest.raises(ValueError, match="at least one metric"):
+        family_confidence(0.95, 0)
+    with pytest.raises(ValueError):
+        family_confidence(1.5, 3)
+
+
+def test_two_close_seeds_decide_one_metric_but_not_one_of_seven():
+    """Two seeds whose differences happen to agree (the study's pg19_long bucket 256-512 at 6e-4: +0.0043, +0.0049)
+    give a 95 % t-interval that excludes 0; read as one of seven buckets, the verdict's interval is the t-interval at
+    1 − 0.05/7 (t(0.99643, 1) = cot(0.05 π / 14) ≈ 89.1 where t(0.975, 1) ≈ 12.71), which covers 0."""
+    seeds = [np.full(4, 0.0043), np.full(4, 0.0049)]
+    alone = compare_seeds(seeds, None, "lower", n_boot=200)
+    assert alone["verdict"] == "inferior" and alone["verdict_interval"] == alone["t_interval"]
+    assert alone["t_interval"]["lower"] == pytest.approx(0.0046 - math.tan(0.475 * math.pi) * 0.0003, rel=1e-9)
+    read_with_six = compare_seeds(seeds, None, "lower", n_boot=200, verdict_confidence=family_confidence(0.95, 7))
+    assert read_with_six["verdict"] == "inconclusive"
+    assert read_with_six["t_interval"] == alone["t_interval"]  # the reported 95 % interval is unchanged
+    basis = read_with_six["verdict_interval"]
+    assert basis["confidence"] == pytest.approx(1 - 0.05 / 7)
+    half = 1 / math.tan(0.05 * math.pi / 14) * 0.0003  # df 1 is Cauchy: t(q) = tan(π (q − 1/2)); sd/√2 = 0.0003
+    assert basis["upper"] - 0.0046 == pytest.approx(half, rel=1e-9) and basis["lower"] < 0 < basis["upper"]
 
 
 def test_a_seed_set_with_opposite_signs_is_inconclusive():

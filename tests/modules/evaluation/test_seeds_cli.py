@@ -202,3 +202,36 @@ def test_a_checkpoint_without_a_run_config_records_null_seeds(tmp_path, ckpts, c
     with pytest.raises(SystemExit):
         main(["seeds", "--task", "passkey", "--a", path, "--b", path, "--out", str(tmp_path / "refused")])
     assert "records no training seed" in capsys.readouterr().err
+
+
+def test_several_metrics_are_read_together():
+    """pg19_long's position buckets are read together: with seven metrics each verdict rests on the t-interval at
+    1 − 0.05/7, so a bucket whose two seeds happen to agree (+0.0043, +0.0049: "inferior" alone) is inconclusive,
+    while the reported 95 % interval stays as it was; one metric keeps the plain 95 % verdict."""
+    import math
+
+    import numpy as np
+
+    from modules.evaluation.seeds import seed_comparison, table
+
+    def pairs(values_by_metric: dict[str, list[float]]) -> list[dict]:
+        out = []
+        for s in range(2):
+            metrics = {name: {"direction": "lower", "ids": ["d0", "d1"], "clusters": ["w0", "w1"],
+                              "values": np.full(2, values[s])} for name, values in values_by_metric.items()}
+            zeros = {name: {**m, "values": np.zeros(2)} for name, m in metrics.items()}
+            out.append({"seed": s, "a": f"a{s}.json", "b": f"b{s}.json", "a_training": {}, "b_training": {},
+                        "a_metrics": metrics, "b_metrics": zeros, "fingerprint": "f"})
+        return out
+
+    buckets = {f"loss/{i}": ([0.0043, 0.0049] if i == 1 else [-0.01, 0.02]) for i in range(7)}
+    result = seed_comparison("pg19_long", pairs(buckets), None, 0.95, 200, 0)
+    assert result["metrics_read_together"] == 7 and result["verdict_confidence"] == pytest.approx(1 - 0.05 / 7)
+    close = next(m for m in result["metrics"] if m["name"] == "loss/1")
+    assert close["t_interval"]["lower"] > 0 and close["verdict"] == "inconclusive"
+    assert close["verdict_interval"]["lower"] < 0 < close["verdict_interval"]["upper"]
+    assert "Bonferroni over the 7 metrics read together" in table(result)
+    alone = seed_comparison("pg19_long", pairs({"loss/1": [0.0043, 0.0049]}), None, 0.95, 200, 0)
+    assert alone["metrics_read_together"] == 1 and alone["metrics"][0]["verdict"] == "inferior"
+    assert alone["metrics"][0]["t_interval"]["lower"] == pytest.approx(0.0046 - math.tan(0.475 * math.pi) * 0.0003)
+    assert "Bonferroni" not in table(alone)

@@ -107,6 +107,7 @@ SOURCES = {
     "dipextrasalt1": ("benchmarks/results/probes/cpu_2026-12-05_dip_depth_extrapolation_salt1/probes.json", "CPU"),
     "laddersalt1": ("benchmarks/results/probes/cpu_2026-12-05_ladder_salt1/probes.json", "CPU"),
     "unnamedsalt1": ("benchmarks/results/probes/cpu_2026-12-05_unnamed_ladder_salt1/probes.json", "CPU"),
+    "restsalt1": ("benchmarks/results/probes/cpu_2026-12-05_rest_salt1/probes.json", "CPU"),
 }
 """Every committed result file whose rows the summary reads: key -> (path from the repository root, device)."""
 
@@ -170,11 +171,14 @@ SALT_LINES = [
         + [(f"ladder control, d={r + 2}, r={r}", "laddersalt1") for r in (10, 14, 18)]
         + [(f"unnamed ladder, positions, d=4, r={r}", "unnamedsalt1") for r in (10, 14, 18)]
         + [(f"unnamed ladder control, positions, d={r + 2}, r={r}", "unnamedsalt1") for r in (10, 14, 18)]
+        + [(f"multi-dip ladder, d=4, r={r}", "restsalt1") for r in (10, 14, 18)]
+        + [("dip duration, variable", "restsalt1"), ("dip duration, fixed", "restsalt1")]
         + [(group, "salt1") for group in ["two families, 2 heads of d=2", "push/pop", "find a name among alive keys",
-                                          "find a name, without content retrieval", "flip-flop", "counting"]])]
-"""A data replicate (issue #45, item 5) of the ladders' sequence-split lines and of the walk and scope lines: the
-split's hash keyed with another salt, so that another part of each sequence space is held out and the pool is drawn
-from the rest."""
+                                          "find a name, without content retrieval", "flip-flop", "counting"]]
+        + [("copy", "restsalt1"), ("variable assignment", "restsalt1")])]
+"""A data replicate (issue #45, item 5) of every sequence-split line of the H200 table: the split's hash keyed with
+another salt, so that another part of each sequence space is held out and the pool is drawn from the rest (the
+MQAR lines wait for a GPU; ``dip_depth`` has its data-seed replicate)."""
 
 LINES = [
     Line("ladder, d=4, r=6", "h200"),

@@ -176,9 +176,9 @@ SALT_LINES = [
         + [(group, "salt1") for group in ["two families, 2 heads of d=2", "push/pop", "find a name among alive keys",
                                           "find a name, without content retrieval", "flip-flop", "counting"]]
         + [("copy", "restsalt1"), ("variable assignment", "restsalt1")])]
-"""A data replicate (issue #45, item 5) of every sequence-split line of the H200 table: the split's hash keyed with
-another salt, so that another part of each sequence space is held out and the pool is drawn from the rest (the
-MQAR lines wait for a GPU; ``dip_depth`` has its data-seed replicate)."""
+"""A data replicate (issue #45, item 5) of the H200 table's sequence-split lines: the split's hash keyed with another
+salt, so that another part of each sequence space is held out and the pool is drawn from the rest (the MQAR lines
+have none yet; ``dip_depth``'s replicate draws another pool and held-out set, ``--data-seed 1``)."""
 
 LINES = [
     Line("ladder, d=4, r=6", "h200"),

@@ -145,15 +145,21 @@ PENDING_CAPACITY = ('python eval.py --task probes --device cuda --workers 12 --g
 PENDING_DIP_DEPTH = ('python eval.py --task probes --device cuda --workers 12 --probes dip_depth --steps 2000 6000 '
                      '--merge benchmarks/results/probes/h200_2026-12-02 --out DIR')
 
+def ladder_groups(named: str, unnamed: str) -> list[tuple[str, str]]:
+    """(group, source) of the named ladder's d = 4 rows and wide controls from ``named``, then the unnamed ladder's
+    with positions from ``unnamed``: the groups every replicate of the ladders re-runs."""
+    return ([(f"ladder, d=4, r={r}", named) for r in (6, 10, 14, 18)]
+            + [(f"ladder control, d={r + 2}, r={r}", named) for r in (10, 14, 18)]
+            + [(f"unnamed ladder, positions, d=4, r={r}", unnamed) for r in (10, 14, 18)]
+            + [(f"unnamed ladder control, positions, d={r + 2}, r={r}", unnamed) for r in (10, 14, 18)])
+
+
 LABEL_NOTE = "held-out parts never in the pool, on which the hand-set FPA head is exact (\"Training, held-out sets\")"
 LABEL_SPLIT_LINES = [
     Line(group, source, title=f"{group}, label split",
          note=note or (LABEL_NOTE if i == 0 else "label split, as above"))
     for i, (group, source, note) in enumerate(
-        [(f"ladder, d=4, r={r}", "ladderlabel", "") for r in (6, 10, 14, 18)]
-        + [(f"ladder control, d={r + 2}, r={r}", "ladderlabel", "") for r in (10, 14, 18)]
-        + [(f"unnamed ladder, positions, d=4, r={r}", "unnamedlabel", "") for r in (10, 14, 18)]
-        + [(f"unnamed ladder control, positions, d={r + 2}, r={r}", "unnamedlabel", "") for r in (10, 14, 18)]
+        [(group, source, "") for group, source in ladder_groups("ladderlabel", "unnamedlabel")]
         + [(f"multi-dip ladder, d=4, r={r}", "multidiplabel", "") for r in (10, 14, 18)]
         + [("dip duration, variable", "durationlabel", ""),
            ("dip duration, fixed", "durationlabel", "label split; unlike the sequence split's, its held-out part holds "
@@ -167,10 +173,7 @@ SALT_LINES = [
     Line(group, source, title=f"{group}, salt 1",
          note="another quarter of the space held out (`--salt 1`)" if i == 0 else "salt 1, as above")
     for i, (group, source) in enumerate(
-        [(f"ladder, d=4, r={r}", "laddersalt1") for r in (6, 10, 14, 18)]
-        + [(f"ladder control, d={r + 2}, r={r}", "laddersalt1") for r in (10, 14, 18)]
-        + [(f"unnamed ladder, positions, d=4, r={r}", "unnamedsalt1") for r in (10, 14, 18)]
-        + [(f"unnamed ladder control, positions, d={r + 2}, r={r}", "unnamedsalt1") for r in (10, 14, 18)]
+        ladder_groups("laddersalt1", "unnamedsalt1")
         + [(f"multi-dip ladder, d=4, r={r}", "restsalt1") for r in (10, 14, 18)]
         + [("dip duration, variable", "restsalt1"), ("dip duration, fixed", "restsalt1")]
         + [(group, "salt1") for group in ["two families, 2 heads of d=2", "push/pop", "find a name among alive keys",

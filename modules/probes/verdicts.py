@@ -108,6 +108,7 @@ SOURCES = {
     "laddersalt1": ("benchmarks/results/probes/cpu_2026-12-05_ladder_salt1/probes.json", "CPU"),
     "unnamedsalt1": ("benchmarks/results/probes/cpu_2026-12-05_unnamed_ladder_salt1/probes.json", "CPU"),
     "restsalt1": ("benchmarks/results/probes/cpu_2026-12-05_rest_salt1/probes.json", "CPU"),
+    "mqarsalt1": ("benchmarks/results/probes/cpu_2026-12-06_mqar_salt1/probes.json", "CPU"),
 }
 """Every committed result file whose rows the summary reads: key -> (path from the repository root, device)."""
 
@@ -178,10 +179,11 @@ SALT_LINES = [
         + [("dip duration, variable", "restsalt1"), ("dip duration, fixed", "restsalt1")]
         + [(group, "salt1") for group in ["two families, 2 heads of d=2", "push/pop", "find a name among alive keys",
                                           "find a name, without content retrieval", "flip-flop", "counting"]]
-        + [("copy", "restsalt1"), ("variable assignment", "restsalt1")])]
+        + [("copy", "restsalt1"), ("variable assignment", "restsalt1")]
+        + [(f"mqar, {layers} layers", "mqarsalt1") for layers in (2, 3, 4)])]
 """A data replicate (issue #45, item 5) of the H200 table's sequence-split lines: the split's hash keyed with another
-salt, so that another part of each sequence space is held out and the pool is drawn from the rest (the MQAR lines
-have none yet; ``dip_depth``'s replicate draws another pool and held-out set, ``--data-seed 1``)."""
+salt, so that another part of each sequence space is held out and the pool is drawn from the rest (the MQAR paper
+regime has none yet; ``dip_depth``'s replicate draws another pool and held-out set, ``--data-seed 1``)."""
 
 LINES = [
     Line("ladder, d=4, r=6", "h200"),

@@ -23,7 +23,7 @@ import torch
 from fpa_lightning.probes.train import POOL_SEED, TEST_SEED, Budget, held_out_set, part_overlap, row_data, seeded
 from modules.probes.report import comparison_table, markdown_table
 from modules.probes.table import GROUPS
-from modules.probes.verdicts import SOURCES, load_sources, sign_family, summary_table, tally
+from modules.probes.verdicts import LINES, SALT_LINES, SOURCES, load_sources, sign_family, summary_table, tally
 
 ROOT = Path(__file__).resolve().parents[3]
 DOCS = ROOT / "docs"
@@ -142,10 +142,21 @@ def test_the_tally_and_the_family_are_the_summarys():
                  and path.parent.parent == RESULTS]
     assert sorted(str(p.relative_to(ROOT)) for p in committed) == sorted(path for path, _ in SOURCES.values())
     family = sign_family(load_sources(ROOT))
-    assert len(family) == sum(len(results(p)["comparisons"]) for p in committed) == 263
-    assert "all 263 committed sign tests" in flat(page())
+    assert len(family) == sum(len(results(p)["comparisons"]) for p in committed) == 265
+    assert "all 265 committed sign tests" in flat(page())
     smallest = min(c["p_tested"] for c in family)
-    assert smallest == pytest.approx(2**-15) and min(c["p_holm"] for c in family) == pytest.approx(263 * 2**-15)
+    assert smallest == pytest.approx(2**-15) and min(c["p_holm"] for c in family) == pytest.approx(265 * 2**-15)
+
+
+def test_every_sequence_split_line_but_the_mqar_regime_has_a_data_replicate():
+    """The page says every sequence-split line of the H200 table (and the CPU ablation beside it) has a data
+    replicate except the MQAR paper regime's: a `--salt 1` line, or for dip_depth a `--data-seed 1` line."""
+    primary = {line.group for line in LINES if line.source in ("h200", "cpu")}
+    replicated = {line.group for line in SALT_LINES} | {line.group for line in LINES
+                                                        if line.source in ("dipdata1", "dip1data1")}
+    assert primary - replicated == set()
+    assert not any("paper regime" in line.group for line in SALT_LINES)
+    assert "but the MQAR paper regime's has a data replicate" in flat(page())
 
 
 def pending_commands(text: str) -> list[str]:

@@ -11,7 +11,8 @@
 #   bash benchmarks/lm_study.sh compare fpa fox             # eval.py seeds for each task both sides have (CPU is fine)
 #   bash benchmarks/lm_study.sh summary                     # every finished run's final losses, then status.tsv
 #   bash benchmarks/lm_study.sh pack FILE.tar.gz            # the results without checkpoints or event files' images
-#   bash benchmarks/lm_study.sh record RECORDS              # finished units' records into RECORDS (to commit)
+#   bash benchmarks/lm_study.sh record RECORDS              # finished units' records into RECORDS (to commit); a
+#                                                           #   retraining that differs from RECORDS' goes to retrained/
 #   bash benchmarks/lm_study.sh restore RECORDS             # a fresh $RESULTS from committed records: units whose
 #                                                           #   records are complete are skipped by the next run
 # The retrieval arm (configs/study/retrieval_*.yaml: the corpus mixed with synthetic retrieval documents):
@@ -280,14 +281,22 @@ pilot() {
 }
 
 # record DEST: every finished unit's final losses (trainings/<name>.json), its evaluations and the comparisons, and
-# the status lines DEST lacks; no checkpoints, event files or logs. A unit recorded again replaces its files.
+# the status lines DEST lacks; no checkpoints, event files or logs. A unit recorded again replaces its files, except a
+# unit trained again whose final losses differ from DEST's record: its record goes to retrained/<name>.json (the
+# evaluated model's; eval/<name> is replaced by its evaluations) and the first training's record stays.
 record() {
     local dest=$1 final name
     mkdir -p "$dest/trainings" "$dest/eval" "$dest/compare"
     for final in "$results"/runs/*/final.json; do
         [ -f "$final" ] || continue
         name=$(basename "$(dirname "$final")")
-        cp "$final" "$dest/trainings/$name.json"
+        if [ -f "$dest/trainings/$name.json" ] && grep -q '"reproduction": "DIFFERS' "$final"; then
+            # trained again in a later lease and not bit for bit: the evaluated model's record goes beside the first
+            # training's, which stays (the sweep's, for seed 0)
+            mkdir -p "$dest/retrained"; cp "$final" "$dest/retrained/$name.json"
+        else
+            cp "$final" "$dest/trainings/$name.json"
+        fi
     done
     cp -r "$results/eval/." "$dest/eval/"
     cp -r "$results/compare/." "$dest/compare/"

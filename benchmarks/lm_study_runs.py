@@ -14,7 +14,8 @@ study's committed results (docs/lm_study.md, "Reproduce"). With --compare-with (
 from another lease) it says whether the new training reproduced the old one bit for bit.
 
 `report` reads the committed records of the seeded study (RECORDS = benchmarks/results/lm_study_seeds: trainings/*.json,
-the final.json of each run; compare/<a>-<b>_lr<lr>/<task>_seeds.json, written by `eval.py seeds`) and writes
+the final.json of each run; retrained/*.json, units trained again that differ from their first training;
+compare/<a>-<b>_lr<lr>/<task>_seeds.json, written by `eval.py seeds`) and writes
 OUT/seeds.md (every run's final losses and head summary; the learning-rate sweep; every seed-level comparison),
 OUT/seeds_curves.png (the runs trained with several seeds) and OUT/sweep.png (final loss against the peak rate).
 """
@@ -97,11 +98,15 @@ SWEEP_RATES = (3e-4, 6e-4, 1e-3, 2e-3)  # the learning-rate sweep's peak rates (
 SWEEP_SEED = 0
 
 
-def read_records(records: pathlib.Path) -> tuple[list[dict], list[dict]]:
-    runs = [json.loads(p.read_text()) for p in sorted((records / "trainings").glob("*.json"))]
+def read_records(records: pathlib.Path) -> tuple[list[dict], list[dict], list[dict]]:
+    """The first training of every unit (trainings/), the comparisons (compare/) and the units trained again whose
+    losses differ from their first training (retrained/, written by lm_study.sh record)."""
+    def load(pattern: str) -> list[dict]:
+        return [json.loads(p.read_text()) for p in sorted(records.glob(pattern))]
+
     comparisons = [json.loads(p.read_text()) | {"folder": p.parent.name}
                    for p in sorted((records / "compare").glob("*/*_seeds.json"))]
-    return runs, comparisons
+    return load("trainings/*.json"), comparisons, load("retrained/*.json")
 
 
 def signed(x: float | None, digits: int = 4) -> str:
@@ -166,6 +171,18 @@ def sweep_table(runs: list[dict]) -> list[str]:
     return lines
 
 
+def retrained_table(runs: list[dict], retrained: list[dict]) -> list[str]:
+    """One row per unit trained again: its first training's final validation loss and the retraining's (the model
+    that eval/<run> evaluated), and their difference."""
+    first = {r["run"]: r for r in runs}
+    lines = ["| run | final val loss, first training | final val loss, retrained (evaluated) | retrained − first |",
+             "|---|---|---|---|"]
+    for r in retrained:
+        old = first[r["run"]]["final_val_loss"]
+        lines.append(f"| {r['run']} | {old!r} | {r['final_val_loss']!r} | {r['final_val_loss'] - old:+.4f} |")
+    return lines
+
+
 def comparison_table(doc: dict) -> list[str]:
     seeds = doc["seeds"]
     family = doc["metrics_read_together"]
@@ -186,7 +203,7 @@ def comparison_table(doc: dict) -> list[str]:
     return lines
 
 
-def render(runs: list[dict], comparisons: list[dict]) -> str:
+def render(runs: list[dict], comparisons: list[dict], retrained: list[dict] = ()) -> str:
     lines = ["# The seeded language-model study: tables", "",
              "Rendered by `python benchmarks/lm_study_runs.py report benchmarks/results/lm_study_seeds --out "
              "docs/lm_study` from the committed records (a test re-renders it). Differences are A − B, A the first "
@@ -195,8 +212,14 @@ def render(runs: list[dict], comparisons: list[dict]) -> str:
              f"## Learning-rate sweep (seed {SWEEP_SEED}, final validation loss)", "",
              "Each backend trained once per peak rate (50 warm-up steps, cosine to a tenth, as every study run); the "
              "lowest final validation loss picks the rate. One seed: differences smaller than the seed spread of the "
-             "runs above are not resolved.", "", *sweep_table(runs), "",
-             "## Comparisons across seeds", ""]
+             "runs above are not resolved.", "", *sweep_table(runs), ""]
+    if retrained:
+        lines += ["## Units trained again", "",
+                  "Trained again in a later lease (the checkpoint gone, the evaluations incomplete) and not equal to "
+                  "the first training bit for bit. The comparisons below use the retrained model (its record: "
+                  "retrained/<run>.json); the tables above keep the first training's.", "",
+                  *retrained_table(runs, retrained), ""]
+    lines += ["## Comparisons across seeds", ""]
     for doc in comparisons:
         lines += [*comparison_table(doc), ""]
     return "\n".join(lines)
@@ -259,8 +282,8 @@ def plot_sweep(runs: list[dict], path: pathlib.Path) -> None:
 
 
 def report(args) -> int:
-    runs, comparisons = read_records(args.records)
-    text = render(runs, comparisons) + "\n"
+    runs, comparisons, retrained = read_records(args.records)
+    text = render(runs, comparisons, retrained) + "\n"
     target = args.out / "seeds.md"
     if args.check:
         if target.read_text() == text:

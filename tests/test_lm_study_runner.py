@@ -113,6 +113,29 @@ def test_recorded_units_restored_into_a_fresh_folder_are_skipped(study, tmp_path
     assert len(re.findall(r"finished before, skipped", again.stdout)) == 2 and "== train_" not in again.stdout
 
 
+def test_a_retraining_that_differs_is_recorded_beside_the_first(tmp_path):
+    """A unit trained again in a later lease: where its losses differ from the committed record, `record` keeps the
+    first training's record (the sweep reads it) and writes the retrained model's to retrained/; one that reproduced
+    bit for bit replaces its record."""
+    results, records = tmp_path / "results", tmp_path / "records"
+    for folder in (results / "eval", results / "compare", records / "trainings"):
+        folder.mkdir(parents=True)
+    (results / "status.tsv").write_text("")
+    first = {"run": "study_fpa_lr6e-4_s0", "final_val_loss": 4.25}
+    retrained = {**first, "final_val_loss": 4.26, "reproduction": "DIFFERS from the earlier training: ..."}
+    same = {"run": "study_fox_lr6e-4_s0", "final_val_loss": 4.3, "reproduction": "reproduced bit for bit (...)"}
+    for record in (first, {**same, "final_val_loss": 4.3}):
+        (records / "trainings" / f"{record['run']}.json").write_text(json.dumps(record))
+    for record in (retrained, same):
+        (results / "runs" / record["run"]).mkdir(parents=True)
+        (results / "runs" / record["run"] / "final.json").write_text(json.dumps(record, indent=1))
+    run_script({"RESULTS": str(results), "PYTHON": sys.executable}, "record", str(records))
+    assert json.loads((records / "trainings" / "study_fpa_lr6e-4_s0.json").read_text()) == first
+    assert json.loads((records / "retrained" / "study_fpa_lr6e-4_s0.json").read_text()) == retrained
+    assert json.loads((records / "trainings" / "study_fox_lr6e-4_s0.json").read_text()) == same
+    assert not (records / "retrained" / "study_fox_lr6e-4_s0.json").exists()
+
+
 def test_restore_names_what_it_needs(tmp_path):
     done = subprocess.run(["bash", str(SCRIPT), "restore", str(tmp_path)], capture_output=True, text=True,
                           env={**os.environ, "RESULTS": str(tmp_path / "results"), "PYTHON": sys.executable},

@@ -1,12 +1,13 @@
 """The learning-rate sweep's table in benchmarks/lm_study_runs.py: the lowest loss in bold, no rate is picked
 while a swept rate has not been trained, and runs of the retrieval arm (their share in the record) stay out of the
-sweep and in their own seed groups."""
+sweep and in their own seed groups; a unit trained again is listed with both trainings' losses."""
 import pathlib
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from lm_study_runs import SWEEP_RATES, arm_label, rate, retrieval_share, seeded_runs, sweep_table  # noqa: E402
+from lm_study_runs import (SWEEP_RATES, arm_label, rate, render, retrained_table, retrieval_share,  # noqa: E402
+                           seeded_runs, sweep_table)
 
 
 def run(backend: str, lr: float, loss: float, seed: int = 0) -> dict:
@@ -41,3 +42,11 @@ def test_runs_of_the_retrieval_arm_stay_out_of_the_sweep_and_apart_in_the_seed_g
 def test_the_final_record_reads_the_share_from_the_runs_config():
     assert retrieval_share({"data": {"init_args": {"seed": 0}}}) is None
     assert retrieval_share({"data": {"init_args": {"mixture_weights": {"corpus": "rest", "retrieval": "0.05"}}}}) == 0.05
+
+
+def test_a_unit_trained_again_is_listed_with_both_losses():
+    first = {**run("fpa", 6e-4, 4.25), "run": "study_fpa_lr6e-4_s0", "last_train_losses": [[1, 4.1]]}
+    again = {**first, "final_val_loss": 4.2375}
+    assert retrained_table([first], [again])[2] == "| study_fpa_lr6e-4_s0 | 4.25 | 4.2375 | -0.0125 |"
+    assert "## Units trained again" not in render([first], [])
+    assert "## Units trained again" in render([first], [], [again])

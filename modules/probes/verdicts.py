@@ -109,6 +109,7 @@ SOURCES = {
     "unnamedsalt1": ("benchmarks/results/probes/cpu_2026-12-05_unnamed_ladder_salt1/probes.json", "CPU"),
     "restsalt1": ("benchmarks/results/probes/cpu_2026-12-05_rest_salt1/probes.json", "CPU"),
     "mqarsalt1": ("benchmarks/results/probes/cpu_2026-12-06_mqar_salt1/probes.json", "CPU"),
+    "r18budget": ("benchmarks/results/probes/cpu_2026-12-06_unnamed_ladder_r18_4500/probes.json", "CPU"),
 }
 """Every committed result file whose rows the summary reads: key -> (path from the repository root, device)."""
 
@@ -142,7 +143,8 @@ PENDING_MQAR_512 = ('python eval.py --task probes --device cuda --devices cuda:0
                     'paper regime, 2 layers, 64 pairs, T=512" --backends sdpa --seeds 4 --steps 12000 --lr 0.01 0.003 '
                     '--out DIR')
 PENDING_CAPACITY = ('python eval.py --task probes --device cuda --workers 12 --groups "unnamed ladder*positions, d=*, '
-                    'r=18" --steps 4500 --lr LR --out DIR')
+                    'r=18" --steps 4500 --lr 0.01 0.003 --merge '
+                    'benchmarks/results/probes/cpu_2026-12-06_unnamed_ladder_r18_4500 --out DIR')
 PENDING_DIP_DEPTH = ('python eval.py --task probes --device cuda --workers 12 --probes dip_depth --steps 2000 6000 '
                      '--merge benchmarks/results/probes/h200_2026-12-02 --out DIR')
 
@@ -198,8 +200,12 @@ LINES = [
     Line("unnamed ladder, positions, d=4, r=14", "h200", note="our ladder, as above"),
     Line("unnamed ladder, positions, d=4, r=18", "h200", note="our ladder, as above; the peers' mean 0.988 sits on "
          "the 0.99 criterion"),
-    Line("unnamed ladder, positions, r=18: widths 2–20, two learning rates, 4500 steps",
-         pending=PENDING_CAPACITY, pending_note="LR: 0.01, then 0.003",
+    Line("unnamed ladder, positions, d=4, r=18", "r18budget", title="unnamed ladder, positions, d=4, r=18, 4500 steps",
+         note="three times the steps at the same rate (0.01); widths 2–8: \"Where we differ from the paper\", 1"),
+    Line("unnamed ladder control, positions, d=20, r=18", "r18budget",
+         title="unnamed ladder control, positions, d=20, r=18, 4500 steps"),
+    Line("unnamed ladder, positions, r=18: widths 9–19 at lr 0.01, every width at 0.003, 4500 steps",
+         pending=PENDING_CAPACITY, pending_note="the rows of widths 2–8 and 20 at 0.01 are reused",
          paper="FPA 13/15; NoPE, ALiBi, FoX 0/15 (d = 4)"),
     Line("unnamed ladder control, positions, d=12, r=10", "h200"),
     Line("unnamed ladder control, positions, d=16, r=14", "h200"),

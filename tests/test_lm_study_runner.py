@@ -22,6 +22,9 @@ import yaml
 from _corpus import write_slimpajama_layout
 from _processes import processes_naming
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
+from lm_study_runs import compare_records  # noqa: E402
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "lm_study.sh"
 
@@ -121,10 +124,15 @@ def test_a_retraining_that_differs_is_recorded_beside_the_first(tmp_path):
     for folder in (results / "eval", results / "compare", records / "trainings"):
         folder.mkdir(parents=True)
     (results / "status.tsv").write_text("")
-    first = {"run": "study_fpa_lr6e-4_s0", "final_val_loss": 4.25}
-    retrained = {**first, "final_val_loss": 4.26, "reproduction": "DIFFERS from the earlier training: ..."}
-    same = {"run": "study_fox_lr6e-4_s0", "final_val_loss": 4.3, "reproduction": "reproduced bit for bit (...)"}
-    for record in (first, {**same, "final_val_loss": 4.3}):
+    def unit(run: str, loss: float) -> dict:
+        return {"run": run, "final_val_loss": loss, "val_losses": [[1, loss]], "last_train_losses": [[1, loss]]}
+
+    # the reproduction texts as lm_study_runs.py writes them, which `record` reads
+    first, again = unit("study_fpa_lr6e-4_s0", 4.25), unit("study_fpa_lr6e-4_s0", 4.26)
+    retrained = {**again, "reproduction": compare_records(again, first)}
+    same = {**unit("study_fox_lr6e-4_s0", 4.3), "reproduction": compare_records(unit("study_fox_lr6e-4_s0", 4.3),
+                                                                                unit("study_fox_lr6e-4_s0", 4.3))}
+    for record in (first, unit("study_fox_lr6e-4_s0", 4.3)):
         (records / "trainings" / f"{record['run']}.json").write_text(json.dumps(record))
     for record in (retrained, same):
         (results / "runs" / record["run"]).mkdir(parents=True)

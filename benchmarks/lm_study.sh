@@ -9,6 +9,7 @@
 #   SEEDS="0 1 2 3 4" bash benchmarks/lm_study.sh run fpa fox   # train + evaluate every (backend, lr, seed) unit
 #   LRS="3e-4 6e-4 1e-3 2e-3" bash benchmarks/lm_study.sh sweep fpa fox sdpa   # train only (seed 0): val loss per lr
 #   bash benchmarks/lm_study.sh compare fpa fox             # eval.py seeds for each task both sides have (CPU is fine)
+#   bash benchmarks/lm_study.sh compare fpa@6e-4 sdpa@3e-4  # each side at its own (tuned) rate; the seeds both have
 #   bash benchmarks/lm_study.sh summary                     # every finished run's final losses, then status.tsv
 #   bash benchmarks/lm_study.sh pack FILE.tar.gz            # the results without checkpoints or event files' images
 #   bash benchmarks/lm_study.sh record RECORDS              # finished units' records into RECORDS (to commit); a
@@ -254,16 +255,32 @@ stop_lanes() {
 }
 
 # compare A B: eval.py seeds on every task both backends have results for, per learning rate
-compare() {
-    local a=$1 b=$2 lr task
-    for lr in "${lrs[@]}"; do
-        for task in test_loss pg19_long passkey ruler babilong cache_prune; do
-            local side_a=("$results/eval/study_${a}_lr${lr}_s"*/"$task/$task.json")
-            local side_b=("$results/eval/study_${b}_lr${lr}_s"*/"$task/$task.json")
-            [ -f "${side_a[0]}" ] && [ -f "${side_b[0]}" ] || continue
-            step "compare_${a}_${b}_lr${lr}_$task" "$python" eval.py seeds --task "$task" --a "${side_a[@]}" \
-                --b "${side_b[@]}" --out "$results/compare/${a}-${b}_lr$lr" --overwrite
+compare() {  # A B (every rate of LRS on both sides) or A@LR B@LR (each side at its own rate, e.g. its tuned one)
+    local a=$1 b=$2 lr
+    if [[ $a == *@* || $b == *@* ]]; then
+        [[ $a == *@* && $b == *@* ]] || { echo "compare: give both sides a rate (fpa@6e-4 sdpa@3e-4) or neither" >&2
+                                          failed=1; return 1; }
+        compare_pair "${a%@*}" "${a#*@}" "${b%@*}" "${b#*@}" "${a%@*}_lr${a#*@}-${b%@*}_lr${b#*@}"
+    else
+        for lr in "${lrs[@]}"; do compare_pair "$a" "$lr" "$b" "$lr" "${a}-${b}_lr$lr" "${a}_${b}_lr$lr"; done
+    fi
+}
+
+# compare_pair A LR_A B LR_B FOLDER [STEP]: eval.py seeds for each task both sides have, on the seeds both sides have
+# (five FPA seeds against softmax's three compare three pairs)
+compare_pair() {
+    local a=$1 lra=$2 b=$3 lrb=$4 folder=$5 stepname=${6:-$5} task file seed
+    for task in test_loss pg19_long passkey ruler babilong cache_prune; do
+        local side_a=() side_b=()
+        for file in "$results/eval/study_${a}_lr${lra}_s"*/"$task/$task.json"; do
+            [ -f "$file" ] || continue
+            seed=${file#"$results/eval/study_${a}_lr${lra}_s"}; seed=${seed%%/*}
+            local other="$results/eval/study_${b}_lr${lrb}_s$seed/$task/$task.json"
+            [ -f "$other" ] && side_a+=("$file") && side_b+=("$other")
         done
+        [ ${#side_a[@]} -gt 0 ] || continue
+        step "compare_${stepname}_$task" "$python" eval.py seeds --task "$task" --a "${side_a[@]}" \
+            --b "${side_b[@]}" --out "$results/compare/$folder" --overwrite
     done
 }
 

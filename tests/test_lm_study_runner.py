@@ -94,6 +94,22 @@ def test_compare_gives_seed_level_statistics(study):
     assert [s["estimate"] for s in loss["per_seed"]] == [0.0, 0.0] and loss["mean"] == 0.0  # A against itself
 
 
+def test_compare_at_each_sides_rate_pairs_the_seeds_both_sides_have(study):
+    """Each backend at its own tuned rate, with fewer seeds on one side (softmax's three against FPA's five): the
+    seeds both sides have are paired, the others left out; a rate on one side only is an error."""
+    results, env, _ = study
+    shutil.copytree(results / "eval" / "study_fpa_lr1e-3_s1", results / "eval" / "study_sdpa_lr3e-4_s1")
+    run_script(env, "compare", "fpa@1e-3", "sdpa@3e-4")
+    merged = json.loads((results / "compare" / "fpa_lr1e-3-sdpa_lr3e-4" / "test_loss_seeds.json").read_text())
+    assert merged["seeds"] == [1]
+    (pair,) = merged["pairs"]
+    assert pair["a"] == str(results / "eval" / "study_fpa_lr1e-3_s1" / "test_loss" / "test_loss.json")
+    assert pair["b"] == str(results / "eval" / "study_sdpa_lr3e-4_s1" / "test_loss" / "test_loss.json")
+    one_sided = subprocess.run(["bash", str(SCRIPT), "compare", "fpa@1e-3", "sdpa"], env={**os.environ, **env},
+                               capture_output=True, text=True, timeout=120)
+    assert one_sided.returncode != 0 and "give both sides a rate" in one_sided.stderr
+
+
 def test_recorded_units_restored_into_a_fresh_folder_are_skipped(study, tmp_path):
     """A lease that keeps nothing but the repository: `record` the finished units into a folder to commit, then in a
     fresh results folder `restore` them; the next run trains nothing, and the records hold no checkpoint or log."""

@@ -143,24 +143,24 @@ def _launch(name: str, grid, cx: dict, skip: bool, *args, **overrides) -> None:
 
 
 def _prep(phi, psi, BS):
-    """Per-block field quantities in padded (B*H, Tp) / (B*H, nB) fp32 buffers:
-    phi, psi, suffix/prefix minima and their normalisers, block minima, their normalisers, and the
-    minimum of each block's suffix minima."""
+    """Per-block field quantities in padded (B*H, Tp) / (B*H, nB) fp32 buffers: phi, psi, suffix/prefix minima and
+    their normalisers, block minima, their normalisers, and the minimum of each block's suffix minima (the backward's
+    nine); and, for the forward alone, the key side of the bias min(0, suf - psi)."""
     B, T, H = phi.shape
     nB = cdiv(T, BS)
     Tp = nB * BS
     BH = B * H
     # one allocation: host overhead matters at short T, where the kernels are short (KERNEL_LOG.md, "FPA, the fused
     # kernel", v6)
-    flat = empty_output((6 * BH * Tp + 3 * BH * nB,), dtype=torch.float32, device=phi.device)
-    phip, psip, suf, zsuf, pre, zpre = flat[: 6 * BH * Tp].view(6, BH, Tp).unbind(0)
-    bmin, zblk, minsuf = flat[6 * BH * Tp:].view(3, BH, nB).unbind(0)
+    flat = empty_output((7 * BH * Tp + 3 * BH * nB,), dtype=torch.float32, device=phi.device)
+    phip, psip, suf, zsuf, pre, zpre, asuf = flat[: 7 * BH * Tp].view(7, BH, Tp).unbind(0)
+    bmin, zblk, minsuf = flat[7 * BH * Tp:].view(3, BH, nB).unbind(0)
     load_kernels()._fpa_prep_kernel[(nB, BH)](
         phi, psi, phi.stride(0), phi.stride(1), phi.stride(2),
-        phip, psip, suf, zsuf, pre, zpre, bmin, zblk, minsuf,
+        phip, psip, suf, zsuf, pre, zpre, asuf, bmin, zblk, minsuf,
         T, H, Tp, nB, BS=BS, **({} if _interpreting() else {"num_warps": 1}),
     )
-    return phip, psip, suf, zsuf, pre, zpre, bmin, zblk, minsuf
+    return (phip, psip, suf, zsuf, pre, zpre, bmin, zblk, minsuf), asuf
 
 
 def _segment_tables(segment_ids: torch.Tensor, BS: int, nB: int):
@@ -207,7 +207,7 @@ class _FPAFunction(torch.autograd.Function):
         skip = skip_threshold is not None
         seg_tables = _segment_tables(segment_ids, BS, nB) if segment_ids is not None else None
         cx = _constexprs(D, q.dtype, skip=skip, level=level, reduction=reduction, segments=seg_tables is not None)
-        prep = _prep(phi, psi, BS)
+        prep, asuf = _prep(phi, psi, BS)
         phip, psip, suf, zsuf, pre, zpre, bmin, zblk, minsuf = prep
         o = empty_output((B, T, H, D), dtype=q.dtype, device=q.device)
         lse = empty_output((B * H, Tp), dtype=torch.float32, device=q.device)
@@ -221,7 +221,7 @@ class _FPAFunction(torch.autograd.Function):
             q, k, v, o, o32, lse,
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
-            phip, psip, suf, pre, bmin, carry, segp, jlo, beta,
+            phip, psip, suf, asuf, pre, bmin, carry, segp, jlo, beta,
             T, H, Tp, nB, scale, float(skip_threshold) if skip else 0.0, STORE32=need_grad,
         )
         ctx.save_for_backward(q, k, v, beta, o32, lse, *prep)

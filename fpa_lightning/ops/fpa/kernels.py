@@ -107,7 +107,7 @@ def _load_rows(P, b, h, s_b, s_t, s_h, offs, offs_d, ok):
 @triton.jit
 def _fpa_prep_kernel(
     PHI, PSI, s_pb, s_pt, s_ph,
-    PHIP, PSIP, SUF, ZSUF, PRE, ZPRE, BMIN, ZBLK, MINSUF,
+    PHIP, PSIP, SUF, ZSUF, PRE, ZPRE, ASUF, BMIN, ZBLK, MINSUF,
     T, H, Tp, nB,
     BS: tl.constexpr,
 ):
@@ -134,6 +134,7 @@ def _fpa_prep_kernel(
     tl.store(ZSUF + base, zsuf)
     tl.store(PRE + base, pre)
     tl.store(ZPRE + base, zpre)
+    tl.store(ASUF + base, tl.minimum(suf - psi, 0.0))  # the forward's key side of the bias (_fwd_tile)
     tl.store(BMIN + bh * nB + blk, bmin)
     tl.store(ZBLK + bh * nB + blk, tl.sum(tl.exp(bmin - phi), axis=0))
     tl.store(MINSUF + bh * nB + blk, tl.min(suf, axis=0))
@@ -210,14 +211,20 @@ def _level_sums(g, gd, beta, dpsi, dbeta):
 
 
 @triton.jit
-def _fwd_tile(q, K, V, SEGP, b, h, Tp, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d,
+def _fwd_tile(q, K, V, SEGP, ASUF, b, h, Tp, fbase, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d,
               kvec, psi, mid, pre_i, psi_i, phi_i, seg_i, sl2, bl2, m_i, l_i, acc,
               PREC: tl.constexpr, QLEVEL: tl.constexpr, DIPSUM: tl.constexpr, SEG: tl.constexpr):
     k = tl.load(_rows(K, b, h, s_kb, s_kt, s_kh, offs_n, offs_d))
     v = tl.load(_rows(V, b, h, s_vb, s_vt, s_vh, offs_n, offs_d))
-    depth = _offdiag_depth(kvec, psi, mid, pre_i, psi_i, phi_i, QLEVEL, DIPSUM)
-    if not DIPSUM:
-        depth = tl.minimum(depth, 0.0)
+    if DIPSUM or QLEVEL:
+        depth = _offdiag_depth(kvec, psi, mid, pre_i, psi_i, phi_i, QLEVEL, DIPSUM)
+        if not DIPSUM:
+            depth = tl.minimum(depth, 0.0)
+    else:
+        # min(0, min(suf_s, mid, pre_t) - psi_s) = min(a_s, min(mid, pre_t) - psi_s) with a_s = min(0, suf_s - psi_s)
+        # from the prep kernel: one subtraction and one min per pair, and no per-key arithmetic in the loop. Bitwise
+        # the same values: a rounded subtraction is monotone, so min(x, y) - c = min(x - c, y - c) exactly.
+        depth = tl.minimum(tl.load(ASUF + fbase + offs_n)[None, :], tl.minimum(mid, pre_i)[:, None] - psi[None, :])
     s = tl.dot(q, tl.trans(k), input_precision=PREC) * sl2 + depth * bl2
     if SEG:
         s = tl.where(seg_i[:, None] == tl.load(SEGP + b * Tp + offs_n)[None, :], s, -float("inf"))
@@ -396,10 +403,14 @@ def _dkdv_tile(k, v, Q, DO, LSE, DELTA, PRE, PSIP, SEGP, seg_j, b, h, offs_m, fb
     q, do, lse, delta = _query_rows(Q, DO, LSE, DELTA, b, h, fbase, offs_m, T, s_qb, s_qt, s_qh, s_ob, s_ot, s_oh,
                                     offs_d)
     pre_i = tl.load(PRE + fbase + offs_m)
+    # min(0, M - level) with the clamp and the level's side of the minimum taken on vectors: one subtraction and one
+    # min per pair instead of two mins and a subtraction. Bitwise the same values: a rounded subtraction is
+    # monotone, so min(x, y) - c = min(x - c, y - c) exactly.
     if QLEVEL:
-        dlt = tl.minimum(tl.minimum(m2[:, None], pre_i[None, :]) - tl.load(PSIP + fbase + offs_m)[None, :], 0.0)
+        psi_t = tl.load(PSIP + fbase + offs_m)
+        dlt = tl.minimum(tl.minimum(pre_i - psi_t, 0.0)[None, :], m2[:, None] - psi_t[None, :])
     else:
-        dlt = tl.minimum(tl.minimum(m2[:, None], pre_i[None, :]) - psi[:, None], 0.0)
+        dlt = tl.minimum(tl.minimum(m2 - psi, 0.0)[:, None], pre_i[None, :] - psi[:, None])
     dk, dv, dsT = _offdiag_key_tile(k, v, q, do, lse, delta, dlt, seg_j, SEGP, b, Tp, offs_m, sl2, bl2, dk, dv,
                                     PREC, SEG)
     if not QLEVEL:  # with a query level these are row sums of the query-major kernel
@@ -439,7 +450,7 @@ def _fpa_dip_carry_kernel(PHIP, PSIP, CARRY, IHI, H, Tp, nB, BS: tl.constexpr, S
 def _fpa_fwd_kernel(
     Q, K, V, O, O32, LSE,
     s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_ot, s_oh,
-    PHIP, PSIP, SUF, PRE, BMIN, CARRY, SEGP, JLO, BETA,
+    PHIP, PSIP, SUF, ASUF, PRE, BMIN, CARRY, SEGP, JLO, BETA,
     T, H, Tp, nB, qk_scale, threshold,
     BS: tl.constexpr, D: tl.constexpr, SKIP: tl.constexpr, PREC: tl.constexpr, STORE32: tl.constexpr,
     QLEVEL: tl.constexpr, DIPSUM: tl.constexpr, SEG: tl.constexpr,
@@ -475,7 +486,8 @@ def _fpa_fwd_kernel(
         if SKIP:
             keep = _keep_tile(kvec, psi, mid, phi_start, pre_i, psi_i, beta, threshold, QLEVEL, DIPSUM)
         if keep:
-            m_i, l_i, acc = _fwd_tile(q, K, V, SEGP, b, h, Tp, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d,
+            m_i, l_i, acc = _fwd_tile(q, K, V, SEGP, ASUF, b, h, Tp, fbase, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh,
+                                      offs_n, offs_d,
                                       kvec, psi, mid, pre_i, psi_i, phi_i, seg_i, sl2, bl2, m_i, l_i, acc,
                                       PREC, QLEVEL, DIPSUM, SEG)
         if not DIPSUM:

@@ -92,6 +92,9 @@ SHAPES = {"110m": (12, 768, 12, 2048), "350m": (24, 1024, 16, 2816), "760m": (24
 
 
 def measure(backend: str, variant: str, args) -> dict:
+    # one initialisation for every run: the variants of one model (checkpointing above all) then end at comparable
+    # losses, where before each run drew its weights from wherever the previous run had left the generator
+    L.seed_everything(0, verbose=False)
     attention = AttentionConfig(backend=backend, skip_threshold=args.skip if backend == "fpa" else None,
                                 document_mask=variant == "document_mask")
     n_layer, d_model, n_head, d_mlp = SHAPES[args.shape]

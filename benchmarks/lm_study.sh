@@ -337,6 +337,8 @@ restore() {
         [ -f "$training" ] || continue
         name=$(basename "$training" .json)
         mkdir -p "$results/runs/$name"
+        # a unit trained again: its evaluations are of the retrained model, so a later check compares with that one
+        [ -f "$source/retrained/$name.json" ] && training="$source/retrained/$name.json"
         [ -f "$results/runs/$name/final.json" ] || cp "$training" "$results/runs/$name/final.json"
     done
     [ -d "$source/eval" ] && cp -rn "$source/eval/." "$results/eval/"

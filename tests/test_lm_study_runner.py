@@ -160,6 +160,21 @@ def test_a_retraining_that_differs_is_recorded_beside_the_first(tmp_path):
     assert not (records / "retrained" / "study_fox_lr6e-4_s0.json").exists()
 
 
+def test_restore_takes_the_retrained_record_of_a_unit_trained_again(tmp_path):
+    """The evaluations of a unit trained again are of the retrained model, so `restore` gives the next lease that
+    model's final losses to check a further retraining against, not the first training's."""
+    records = tmp_path / "records"
+    for folder, loss in (("trainings", 4.25), ("retrained", 4.26)):
+        (records / folder).mkdir(parents=True)
+        (records / folder / "study_fpa_lr6e-4_s0.json").write_text(json.dumps({"final_val_loss": loss}))
+    (records / "trainings" / "study_fox_lr6e-4_s0.json").write_text(json.dumps({"final_val_loss": 4.3}))
+    results = tmp_path / "results"
+    run_script({"RESULTS": str(results), "PYTHON": sys.executable}, "restore", str(records))
+    final = {name: json.loads((results / "runs" / name / "final.json").read_text())["final_val_loss"]
+             for name in ("study_fpa_lr6e-4_s0", "study_fox_lr6e-4_s0")}
+    assert final == {"study_fpa_lr6e-4_s0": 4.26, "study_fox_lr6e-4_s0": 4.3}
+
+
 def test_restore_names_what_it_needs(tmp_path):
     done = subprocess.run(["bash", str(SCRIPT), "restore", str(tmp_path)], capture_output=True, text=True,
                           env={**os.environ, "RESULTS": str(tmp_path / "results"), "PYTHON": sys.executable},

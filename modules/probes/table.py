@@ -196,8 +196,8 @@ def _multi_dip_ladder_groups() -> list[Group]:
     return groups
 
 
-R18_WIDTHS = (2, *range(4, 21))
-"""The positioned unnamed ladder's head widths at r = 18: 2, and every width from 4 to the control's r + 2 = 20."""
+R18_WIDTHS = (2, 3, *range(4, 21))
+"""The positioned unnamed ladder's head widths at r = 18: every width from 2 to the control's r + 2 = 20."""
 
 
 def _positioned_unnamed_ladder_groups() -> list[Group]:

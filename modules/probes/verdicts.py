@@ -109,8 +109,7 @@ SOURCES = {
     "unnamedsalt1": ("benchmarks/results/probes/cpu_2026-12-05_unnamed_ladder_salt1/probes.json", "CPU"),
     "restsalt1": ("benchmarks/results/probes/cpu_2026-12-05_rest_salt1/probes.json", "CPU"),
     "mqarsalt1": ("benchmarks/results/probes/cpu_2026-12-06_mqar_salt1/probes.json", "CPU"),
-    "r18budget": ("benchmarks/results/probes/cpu_2026-12-06_unnamed_ladder_r18_4500/probes.json", "CPU"),
-    "r18lr003": ("benchmarks/results/probes/cpu_2026-12-06_unnamed_ladder_r18_4500_lr0.003/probes.json", "CPU"),
+    "r18": ("benchmarks/results/probes/cpu_2026-12-06_unnamed_ladder_r18_widths/probes.json", "CPU"),
 }
 """Every committed result file whose rows the summary reads: key -> (path from the repository root, device)."""
 
@@ -135,6 +134,8 @@ class Line:
     """The first cell where it is not the group's label (a pending line of several groups)."""
     paper: str = ""
     """The paper's cell of a pending line."""
+    lr: float | None = None
+    """Only the group's rows trained at this peak learning rate, where the source holds several rates."""
 
 
 PENDING_MQAR_ROPE = ('python eval.py --task probes --device cuda --workers 4 --groups "mqar, paper regime, 2 layers, '
@@ -145,8 +146,7 @@ PENDING_MQAR_512 = ('python eval.py --task probes --device cuda --devices cuda:0
                     '--out DIR')
 PENDING_CAPACITY = ('python eval.py --task probes --device cuda --workers 12 --groups "unnamed ladder*positions, d=*, '
                     'r=18" --steps 4500 --lr 0.01 0.003 --merge '
-                    'benchmarks/results/probes/cpu_2026-12-06_unnamed_ladder_r18_4500 '
-                    'benchmarks/results/probes/cpu_2026-12-06_unnamed_ladder_r18_4500_lr0.003 --out DIR')
+                    'benchmarks/results/probes/cpu_2026-12-06_unnamed_ladder_r18_widths --out DIR')
 PENDING_DIP_DEPTH = ('python eval.py --task probes --device cuda --workers 12 --probes dip_depth --steps 2000 6000 '
                      '--merge benchmarks/results/probes/h200_2026-12-02 --out DIR')
 
@@ -202,17 +202,17 @@ LINES = [
     Line("unnamed ladder, positions, d=4, r=14", "h200", note="our ladder, as above"),
     Line("unnamed ladder, positions, d=4, r=18", "h200", note="our ladder, as above; the peers' mean 0.988 sits on "
          "the 0.99 criterion"),
-    Line("unnamed ladder, positions, d=4, r=18", "r18budget", title="unnamed ladder, positions, d=4, r=18, 4500 steps",
+    Line("unnamed ladder, positions, d=4, r=18", "r18", lr=0.01,
+         title="unnamed ladder, positions, d=4, r=18, 4500 steps",
          note="three times the steps at the same rate (0.01); widths 2–8: \"Where we differ from the paper\", 1"),
-    Line("unnamed ladder control, positions, d=20, r=18", "r18budget",
+    Line("unnamed ladder control, positions, d=20, r=18", "r18", lr=0.01,
          title="unnamed ladder control, positions, d=20, r=18, 4500 steps"),
-    Line("unnamed ladder, positions, d=4, r=18", "r18lr003",
+    Line("unnamed ladder, positions, d=4, r=18", "r18", lr=0.003,
          title="unnamed ladder, positions, d=4, r=18, 4500 steps, lr 0.003", note="the line above at the second rate"),
-    Line("unnamed ladder control, positions, d=20, r=18", "r18lr003",
+    Line("unnamed ladder control, positions, d=20, r=18", "r18", lr=0.003,
          title="unnamed ladder control, positions, d=20, r=18, 4500 steps, lr 0.003"),
-    Line("unnamed ladder, positions, r=18: widths 9–19 at lr 0.01, 5–19 at 0.003, 4500 steps",
-         pending=PENDING_CAPACITY, pending_note="reusing the CPU's rows: widths 2, 4 and 20 at both rates, 5–8 "
-         "at 0.01",
+    Line("unnamed ladder, positions, r=18: widths 9–19, 4500 steps",
+         pending=PENDING_CAPACITY, pending_note="reusing the CPU's rows: widths 2–8 and 20 at both rates",
          paper="FPA 13/15; NoPE, ALiBi, FoX 0/15 (d = 4)"),
     Line("unnamed ladder control, positions, d=12, r=10", "h200"),
     Line("unnamed ladder control, positions, d=16, r=14", "h200"),
@@ -333,7 +333,8 @@ def entries(line: Line, sources: dict[str, dict], family: list[dict]) -> list[En
 
 def _group_rows(line: Line, sources: dict[str, dict]) -> list[dict]:
     """The rows of the line's group in its source, FPA's first."""
-    rows = [r for r in sources[line.source]["rows"] if r["group"] == line.group]
+    rows = [r for r in sources[line.source]["rows"]
+            if r["group"] == line.group and (line.lr is None or r["budget"]["lr"] == line.lr)]
     return sorted(rows, key=lambda r: r["backend"] != REFERENCE)
 
 

@@ -246,7 +246,7 @@ def test_groups_select_rows_by_label():
                                                                      "sdpa_rope1")]
     # a pattern: every positioned unnamed-ladder group at r = 18, controls included
     pattern = select(None, ["nope"], ["unnamed ladder*positions, d=*, r=18"])
-    assert sorted(g.shape.head_dim for g, _ in pattern) == [2, *range(4, 21)]
+    assert sorted(g.shape.head_dim for g, _ in pattern) == list(range(2, 21))
     probe = plan[0][0].probe.key
     assert len(select([probe], ["fpa"])) == 3  # the same probe in the 2-, 3- and 4-layer groups
     assert [(g.label, b) for g, b in select([probe], ["fpa"], [label])] == [(label, "fpa")]

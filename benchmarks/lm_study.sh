@@ -254,8 +254,9 @@ stop_lanes() {
     exit 143
 }
 
-# compare A B: eval.py seeds on every task both backends have results for, per learning rate
-compare() {  # A B (every rate of LRS on both sides) or A@LR B@LR (each side at its own rate, e.g. its tuned one)
+# compare A B: eval.py seeds on every task both backends have results for, at every rate of LRS on both sides;
+# compare A@LR B@LR: each side at its own rate (e.g. its tuned one)
+compare() {
     local a=$1 b=$2 lr
     if [[ $a == *@* || $b == *@* ]]; then
         [[ $a == *@* && $b == *@* ]] || { echo "compare: give both sides a rate (fpa@6e-4 sdpa@3e-4) or neither" >&2

@@ -29,10 +29,10 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "lm_study.sh"
 
 
-def run_script(env: dict, *args: str) -> subprocess.CompletedProcess:
+def run_script(env: dict, *args: str, succeeds: bool = True) -> subprocess.CompletedProcess:
     done = subprocess.run(["bash", str(SCRIPT), *args], env={**os.environ, **env}, capture_output=True, text=True,
                           timeout=900)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert (done.returncode == 0) == succeeds, done.stdout[-3000:] + done.stderr[-3000:]
     return done
 
 
@@ -105,9 +105,8 @@ def test_compare_at_each_sides_rate_pairs_the_seeds_both_sides_have(study):
     (pair,) = merged["pairs"]
     assert pair["a"] == str(results / "eval" / "study_fpa_lr1e-3_s1" / "test_loss" / "test_loss.json")
     assert pair["b"] == str(results / "eval" / "study_sdpa_lr3e-4_s1" / "test_loss" / "test_loss.json")
-    one_sided = subprocess.run(["bash", str(SCRIPT), "compare", "fpa@1e-3", "sdpa"], env={**os.environ, **env},
-                               capture_output=True, text=True, timeout=120)
-    assert one_sided.returncode != 0 and "give both sides a rate" in one_sided.stderr
+    one_sided = run_script(env, "compare", "fpa@1e-3", "sdpa", succeeds=False)
+    assert "give both sides a rate" in one_sided.stderr
 
 
 def test_recorded_units_restored_into_a_fresh_folder_are_skipped(study, tmp_path):
@@ -176,10 +175,9 @@ def test_restore_takes_the_retrained_record_of_a_unit_trained_again(tmp_path):
 
 
 def test_restore_names_what_it_needs(tmp_path):
-    done = subprocess.run(["bash", str(SCRIPT), "restore", str(tmp_path)], capture_output=True, text=True,
-                          env={**os.environ, "RESULTS": str(tmp_path / "results"), "PYTHON": sys.executable},
-                          timeout=120)
-    assert done.returncode != 0 and "has no trainings/ folder (made by: lm_study.sh record)" in done.stderr
+    done = run_script({"RESULTS": str(tmp_path / "results"), "PYTHON": sys.executable}, "restore", str(tmp_path),
+                      succeeds=False)
+    assert "has no trainings/ folder (made by: lm_study.sh record)" in done.stderr
 
 
 def test_the_runner_default_rate_is_the_configs():

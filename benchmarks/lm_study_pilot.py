@@ -1,5 +1,6 @@
-"""The retrieval arm's pilot (`bash benchmarks/lm_study.sh pilot`, docs/lm_study.md "Not run"): which synthetic share
-is the smallest at which a model finds 90 % of the pass keys at the training length.
+"""The retrieval arm's pilot (`bash benchmarks/lm_study.sh pilot`; docs/lm_study.md, "Retrieval past the training
+length: the pilot"): which synthetic share is the smallest at which a model finds 90 % of the pass keys at the
+training length.
 
     python benchmarks/lm_study_pilot.py --out RESULTS/pilot.json --length 2048 \\
         --run 0.05 1e-3 0 RESULTS/eval/<run>/passkey_1x/passkey.json --run 0.1 1e-3 0 ...
@@ -16,7 +17,7 @@ import argparse
 import json
 import pathlib
 
-THRESHOLD = 0.9  # the share is picked at 90 % of the pass keys (docs/lm_study.md, "Not run")
+THRESHOLD = 0.9  # the share is picked at 90 % of the pass keys (the issue's criterion; docs/lm_study.md's pilot)
 
 
 def passkey_at(result: dict, length: int) -> dict:

@@ -7,7 +7,7 @@
 
 `final` reads the run's TensorBoard events, config.yaml and hparams.yaml (its newest version_N) and writes
 NAME/final.json: the unit (backend, learning rate, initialisation and data seeds, and the retrieval arm's synthetic
-share, null for the plain arm), every logged validation loss and the last training losses as logged (float32, exact,
+share, null for the plain arm; a mixture's documents and tokens per source, from the last checkpoint), every logged validation loss and the last training losses as logged (float32, exact,
 so that a reproduction can be checked bit for bit), the loss curves, the head and long-context summaries and the
 implementations that ran. The record replaces the event files in the
 study's committed results (docs/lm_study.md, "Reproduce"). With --compare-with (an earlier record of the same unit,
@@ -47,6 +47,27 @@ def retrieval_share(config: dict) -> float | None:
     return None if share is None else float(share)
 
 
+def train_sources(version: pathlib.Path) -> dict | None:
+    """A mixture run's per-source counters of its train stream (documents, tokens, skipped records; summed over
+    ranks) from the data module's state in its last checkpoint, or None where the run has no mixture or no checkpoint.
+    The checkpoint is the only place they are saved (docs/training.md, "Data mixtures"), and the record outlives it."""
+    checkpoint = version / "checkpoints" / "last.ckpt"
+    if not checkpoint.exists():
+        return None
+    import torch  # here: the other commands of this script run without it
+
+    state = torch.load(checkpoint, map_location="cpu", mmap=True, weights_only=False)
+    ranks = [rank for value in state.values() if isinstance(value, dict) and "ranks" in value
+             for rank in value["ranks"]]  # the data module's entry (Lightning keys it by the module's class name)
+    totals: dict[str, dict[str, int]] = {}
+    for rank in ranks:
+        for name, counts in rank["stats"].get("train", {}).get("sources", {}).items():
+            mine = totals.setdefault(name, {})
+            for key, n in counts.items():
+                mine[key] = mine.get(key, 0) + n
+    return totals or None
+
+
 def final_record(run: pathlib.Path, backend: str, lr: float, seed: int) -> dict:
     version = newest_version(run)
     config = yaml.safe_load((version / "config.yaml").read_text())
@@ -59,6 +80,7 @@ def final_record(run: pathlib.Path, backend: str, lr: float, seed: int) -> dict:
     return {
         "run": run.name, "backend": backend, "lr": lr, "seed": seed,
         "data_seed": config["data"]["init_args"].get("seed", 0), "retrieval_share": retrieval_share(config),
+        "train_sources": train_sources(version),
         "val_losses": curves["val/loss"], "last_train_losses": curves["train/loss"][-5:],
         "curves": curves, **training,
     }

@@ -1,13 +1,16 @@
 """The learning-rate sweep's table in benchmarks/lm_study_runs.py: the lowest loss in bold, no rate is picked
 while a swept rate has not been trained, and runs of the retrieval arm (their share in the record) stay out of the
-sweep and in their own seed groups; a unit trained again is listed with both trainings' losses."""
+sweep and in their own seed groups; a unit trained again is listed with both trainings' losses; a mixture run's
+record carries its per-source counts from the checkpoint."""
 import pathlib
 import sys
+
+import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
 
 from lm_study_runs import (SWEEP_RATES, arm_label, rate, render, retrained_table, retrieval_share,  # noqa: E402
-                           seeded_runs, sweep_table)
+                           seeded_runs, sweep_table, train_sources)
 
 
 def run(backend: str, lr: float, loss: float, seed: int = 0) -> dict:
@@ -50,3 +53,21 @@ def test_a_unit_trained_again_is_listed_with_both_losses():
     assert retrained_table([first], [again])[2] == "| study_fpa_lr6e-4_s0 | 4.25 | 4.2375 | -0.0125 |"
     assert "## Units trained again" not in render([first], [])
     assert "## Units trained again" in render([first], [], [again])
+
+
+def test_the_final_record_sums_a_mixtures_source_counts_over_ranks_from_the_checkpoint(tmp_path):
+    torch = pytest.importorskip("torch")
+    counts = {"corpus": {"documents": 3, "tokens": 300, "skipped": 1}, "retrieval": {"documents": 2, "tokens": 90,
+                                                                                     "skipped": 0}}
+    data_state = {"world_size": 2, "config": {}, "ranks": [
+        {"rank": r, "consumed": 0, "cursors": [], "stats": {"train": {"tokens": 390, "sources": counts}}}
+        for r in (0, 1)]}
+    (tmp_path / "checkpoints").mkdir()
+    torch.save({"state_dict": {}, "TextDataModule": data_state}, tmp_path / "checkpoints" / "last.ckpt")
+    assert train_sources(tmp_path) == {"corpus": {"documents": 6, "tokens": 600, "skipped": 2},
+                                       "retrieval": {"documents": 4, "tokens": 180, "skipped": 0}}
+    plain = {**data_state, "ranks": [{"rank": 0, "stats": {"train": {"tokens": 390}}}]}
+    torch.save({"state_dict": {}, "TextDataModule": plain}, tmp_path / "checkpoints" / "last.ckpt")
+    assert train_sources(tmp_path) is None  # one source: no per-source counters
+    (tmp_path / "checkpoints" / "last.ckpt").unlink()
+    assert train_sources(tmp_path) is None  # no checkpoint (a record rebuilt where the lease left none)

@@ -91,7 +91,7 @@ def count_p(paper: str, successes: int, n: int) -> float:
 # --- the summary's sources and lines ------------------------------------------------------------------------------
 SOURCES = {
     "h200": ("benchmarks/results/probes/h200_2026-12-02/probes.json", "H200"),
-    "mqar": ("benchmarks/results/probes/h200_2026-12-03_mqar_regime/probes.json", "H200"),
+    "mqar": ("benchmarks/results/probes/h100_2026-12-06_mqar_regime_rope1/probes.json", "H200"),
     "cpu": ("benchmarks/results/probes/cpu_2026-12-02_noretrieval/probes.json", "CPU"),
     "dip6000": ("benchmarks/results/probes/cpu_2026-12-05_dip_depth_6000/probes.json", "CPU"),
     "dipdata1": ("benchmarks/results/probes/cpu_2026-12-05_dip_depth_data_seed1/probes.json", "CPU"),
@@ -136,11 +136,14 @@ class Line:
     """The paper's cell of a pending line."""
     lr: float | None = None
     """Only the group's rows trained at this peak learning rate, where the source holds several rates."""
+    backends: tuple[str, ...] = ()
+    """Only these backends' rows are the line's entries, where the group's rows are split over two lines (FPA's row
+    is still shown and gives the paper's direction; its count is tested on the line that lists it); those of them
+    without a paper count are shown too."""
+    device: str = ""
+    """The device cell where it is not the source's (a merged file whose rows ran on two machines)."""
 
 
-PENDING_MQAR_ROPE = ('python eval.py --task probes --device cuda --workers 4 --groups "mqar, paper regime, 2 layers, '
-                     '32 pairs, T=256" --backends fpa_nobias1_rope sdpa_rope1 --merge '
-                     'benchmarks/results/probes/h200_2026-12-03_mqar_regime --out DIR')
 PENDING_MQAR_512 = ('python eval.py --task probes --device cuda --devices cuda:0 cuda:1 --workers 4 --groups "mqar, '
                     'paper regime, 2 layers, 64 pairs, T=512" --backends sdpa --seeds 4 --steps 12000 --lr 0.01 0.003 '
                     '--out DIR')
@@ -204,15 +207,15 @@ LINES = [
          "the 0.99 criterion"),
     Line("unnamed ladder, positions, d=4, r=18", "r18", lr=0.01,
          title="unnamed ladder, positions, d=4, r=18, 4500 steps",
-         note="three times the steps at the same rate (0.01); widths 2–8: \"Where we differ from the paper\", 1"),
+         note="three times the steps at the same rate (0.01); widths 2–10: \"Where we differ from the paper\", 1"),
     Line("unnamed ladder control, positions, d=20, r=18", "r18", lr=0.01,
          title="unnamed ladder control, positions, d=20, r=18, 4500 steps"),
     Line("unnamed ladder, positions, d=4, r=18", "r18", lr=0.003,
          title="unnamed ladder, positions, d=4, r=18, 4500 steps, lr 0.003", note="the line above at the second rate"),
     Line("unnamed ladder control, positions, d=20, r=18", "r18", lr=0.003,
          title="unnamed ladder control, positions, d=20, r=18, 4500 steps, lr 0.003"),
-    Line("unnamed ladder, positions, r=18: widths 9–19, 4500 steps",
-         pending=PENDING_CAPACITY, pending_note="reusing the CPU's rows: widths 2–8 and 20 at both rates",
+    Line("unnamed ladder, positions, r=18: widths 11–19, 4500 steps",
+         pending=PENDING_CAPACITY, pending_note="reusing the CPU's rows: widths 2–10 and 20 at both rates",
          paper="FPA 13/15; NoPE, ALiBi, FoX 0/15 (d = 4)"),
     Line("unnamed ladder control, positions, d=12, r=10", "h200"),
     Line("unnamed ladder control, positions, d=16, r=14", "h200"),
@@ -249,10 +252,11 @@ LINES = [
     Line("mqar, 2 layers", "h200", note="compact MQAR: 8 pairs, no MLP"),
     Line("mqar, 3 layers", "h200", note="compact MQAR"),
     Line("mqar, 4 layers", "h200", note="compact MQAR"),
-    Line("mqar, paper regime, 2 layers, 32 pairs, T=256", "mqar", note="our no-layer-1-bias model has no position "
-         "in layer 1 (confounded; next line)"),
-    Line("mqar, paper regime, 2 layers, 32 pairs, T=256: layer 1 softmax with RoPE", pending=PENDING_MQAR_ROPE,
-         paper="FPA without layer-1 bias 15/15"),
+    Line("mqar, paper regime, 2 layers, 32 pairs, T=256", "mqar", backends=(REFERENCE, "sdpa", "fpa_nobias1"),
+         note="our no-layer-1-bias model has no position in layer 1 (confounded; next line)"),
+    Line("mqar, paper regime, 2 layers, 32 pairs, T=256", "mqar", backends=("fpa_nobias1_rope", "sdpa_rope1"),
+         title="mqar, paper regime, 2 layers, 32 pairs, T=256: layer 1 softmax with RoPE",
+         device="H200 (FPA), H100 (RoPE rows)", note="the all-softmax model with the same layer 1 has no paper count"),
     Line("mqar, paper regime, 3 layers, 32 pairs, T=256", "mqar"),
     Line("mqar, paper regime, 4 layers, 32 pairs, T=256", "mqar"),
     Line("mqar, paper regime, 2 layers, 64 pairs, T=512", "mqar", untestable="softmax recalls on 2/15 in 3000 steps, "
@@ -309,7 +313,8 @@ class Entry:
         return "contradicted" if count_differs else "reproduced"
 
 
-def _p(value: float) -> str:
+def format_p(value: float) -> str:
+    """A p-value as the summary prints it: two significant digits, scientific below 0.001."""
     return f"{value:.2g}" if value >= 0.001 else f"{value:.1e}"
 
 
@@ -322,7 +327,7 @@ def entries(line: Line, sources: dict[str, dict], family: list[dict]) -> list[En
     reference = next((r for r in rows if r["backend"] == REFERENCE), None)
     out = []
     for row in rows:
-        if not row.get("paper"):
+        if not row.get("paper") or (line.backends and row["backend"] not in line.backends):
             continue
         comparison = next((c for c in family if c["source"] == line.source and c["group"] == row["group"]
                            and c["b"] == row["backend"] and c["budget"] == row["budget"]), None)
@@ -361,14 +366,14 @@ def _render(line: Line, found: list[Entry] | None, sources: dict[str, dict], spe
     reference = next((r for r in rows if r["backend"] == REFERENCE), None)
     paper = "; ".join(f"{name(e.row['backend'])} {e.row['paper']}" for e in found)
     shown = ([reference] if reference is not None and all(e.row is not reference for e in found) else []) + \
-        [e.row for e in found]
+        [e.row for e in found] + [r for r in rows if not r.get("paper") and r["backend"] in line.backends]
     budget = shown[0]["budget"]
-    protocol = (f"{spec[line.source][1]}, {len(shown[0]['seeds'])} seeds, {budget['steps']} steps, "
+    protocol = (f"{line.device or spec[line.source][1]}, {len(shown[0]['seeds'])} seeds, {budget['steps']} steps, "
                 f"{budget.get('split', 'sequence')} split")
     ours = protocol + ": " + "; ".join(f"{name(r['backend'])} {r['successes']}/{len(r['seeds'])}" for r in shown)
     tests = [e for e in found if e.comparison is not None]
     p_cell = "; ".join(f"{name(e.row['backend'])}{' better' if e.comparison['tested'] == 'b' else ''} "
-                       f"{_p(e.comparison['p_tested'])} → {_p(e.comparison['p_holm'])}" for e in tests) or "—"
+                       f"{format_p(e.comparison['p_tested'])} → {format_p(e.comparison['p_holm'])}" for e in tests) or "—"
     if line.untestable:
         kind, verdict = "untestable", f"untestable: {line.untestable}"
     else:
@@ -381,13 +386,13 @@ def _render(line: Line, found: list[Entry] | None, sources: dict[str, dict], spe
 
 def _detail(kind: str, which: list[Entry]) -> str:
     if kind == "contradicted":
-        return ", ".join(f"{name(e.row['backend'])} {e.ours} vs {e.row['paper']} (count p {_p(e.count_holm)})"
+        return ", ".join(f"{name(e.row['backend'])} {e.ours} vs {e.row['paper']} (count p {format_p(e.count_holm)})"
                          for e in which)
     if kind == "inconclusive":
         return ", ".join(f"{name(e.row['backend'])} {e.comparison['a_only']}:{e.comparison['b_only']}, "
-                         f"p {_p(e.comparison['p_holm'])}" for e in which)
+                         f"p {format_p(e.comparison['p_holm'])}" for e in which)
     separations = [e for e in which if e.direction is not None]
-    return ", ".join(f"{name(e.row['backend'])} p {_p(e.comparison['p_holm'])}" for e in separations)
+    return ", ".join(f"{name(e.row['backend'])} p {format_p(e.comparison['p_holm'])}" for e in separations)
 
 
 HEADER = ["paper row (our group)", "the paper", "ours: device, seeds, steps, held-out split: seeds ≥ 0.99",

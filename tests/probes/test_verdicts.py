@@ -7,8 +7,8 @@ import pytest
 
 from fpa_lightning.probes.stats import fisher_exact, holm
 from modules.probes.runner import comparisons
-from modules.probes.verdicts import (Entry, Line, count_p, load_sources, paper_count, paper_direction, sign_family,
-                                     summary, summary_table, direction_to_test)
+from modules.probes.verdicts import (Entry, Line, count_p, direction_to_test, format_p, load_sources, paper_count,
+                                     paper_direction, sign_family, summary, summary_table)
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SPEC = {"h200": ("h200_2026-12-02_subset.json", "H200"), "mqar": ("h200_2026-12-03_mqar_subset.json", "H200")}
@@ -92,3 +92,27 @@ def test_a_runs_comparisons_carry_their_holm_adjusted_p_values():
     assert len(out) == 13 and [c["p_holm"] for c in out] == holm([c["p_tested"] for c in out])
     fox = next(c for c in out if c["group"] == "variable assignment")
     assert fox["tested"] == "b" and fox["p_tested"] == fox["p_value_reverse"]
+
+
+def test_a_group_split_over_two_lines_tests_each_count_once():
+    spec = {"mqar": ("h100_2026-12-06_mqar_rope1_subset.json", "H200")}
+    group = "mqar, paper regime, 2 layers, 32 pairs, T=256"
+    lines = [Line(group, "mqar", backends=("fpa", "sdpa", "fpa_nobias1")),
+             Line(group, "mqar", backends=("fpa_nobias1_rope", "sdpa_rope1"), title="with RoPE",
+                  device="H200 (FPA), H100 (RoPE rows)")]
+    first, second = summary(FIXTURES, lines, spec)
+    assert first["cells"][2] == ("H200, 15 seeds, 3000 steps, sequence split: FPA 6/15; softmax 15/15; "
+                                 "no layer-1 bias 0/15")
+    # FPA's row is shown on both lines but its count is tested once: four counts with a paper's, one Holm family
+    assert second["cells"][1] == "no layer-1 bias, RoPE there 15/15"
+    assert second["cells"][2] == ("H200 (FPA), H100 (RoPE rows), 15 seeds, 3000 steps, sequence split: FPA 6/15; "
+                                  "no layer-1 bias, RoPE there 7/15; softmax, RoPE in layer 1 15/15")
+    rows = {r["backend"]: r for r in load_sources(FIXTURES, spec)["mqar"]["rows"]}
+    counted = ["fpa", "sdpa", "fpa_nobias1", "fpa_nobias1_rope"]  # FPA twice would make a family of five
+    adjusted = dict(zip(counted, holm([count_p(rows[b]["paper"], rows[b]["successes"], 15) for b in counted])))
+    assert first["kind"] == "contradicted" and f"(count p {format_p(adjusted['fpa_nobias1'])})" in first["cells"][4]
+    # the paper's separation (no layer-1 bias ahead of FPA) has 3:4 discordant seeds; 7/15 against the paper's 15/15
+    # is significant in this family of four counts
+    assert second["cells"][3] == "no layer-1 bias, RoPE there better 0.5 → 1"
+    assert second["kind"] == "contradicted" and second["cells"][4] == (
+        f"contradicted: no layer-1 bias, RoPE there 7/15 vs 15/15 (count p {format_p(adjusted['fpa_nobias1_rope'])})")

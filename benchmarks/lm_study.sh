@@ -17,7 +17,8 @@
 #   bash benchmarks/lm_study.sh restore RECORDS             # a fresh $RESULTS from committed records: units whose
 #                                                           #   records are complete are skipped by the next run
 # The retrieval arm (configs/study/retrieval_*.yaml: the corpus mixed with synthetic retrieval documents):
-#   SHARES="0.05 0.1 0.2" bash benchmarks/lm_study.sh pilot # FPA, seed 0, per share: pass keys at the training length;
+#   SHARES="0.05 0.1 0.2" bash benchmarks/lm_study.sh pilot # FPA, seed 0, per share: pass keys at the training length
+#                                                           #   and recall of the synthetic documents' own facts;
 #                                                           #   pilot.json: the smallest share finding 90 % of them
 #   SHARE=0.1 SEEDS="0 1 2" bash benchmarks/lm_study.sh retrieval fpa fox sdpa   # train + evaluate at one share
 #   bash benchmarks/lm_study.sh compare retrieval_fpa_share0.1 retrieval_fox_share0.1
@@ -38,10 +39,12 @@
 #   VARY_DATA  1: the data order's seed follows the initialisation seed (default 0: one data order for every run)
 #   LRS        peak learning rates, default "1e-3" (configs/base/110m.yaml's; a test keeps the two equal)
 #   EVALS      evaluation groups per unit, default "loss long passkey ruler babilong prune" (the tasks that compare);
-#              also: evict (cache_prune with real eviction), generate, lm_eval (needs lm-evaluation-harness). In the
-#              retrieval arm pass keys are 100 trials at 1, 1.5, 2, 4 and 8 times the training length, and prune
-#              adds cache_prune's pass keys under the threshold -10 (1 and 4 times); the pilot evaluates passkey1x
-#              (pass keys at the training length) alone
+#              also: evict (cache_prune with real eviction), generate, lm_eval (needs lm-evaluation-harness),
+#              recall (retrieval_recall: the facts of held-out synthetic retrieval documents at 1, 2 and 4 times the
+#              training length, 100 documents each). In the retrieval arm pass keys are 100 trials at 1, 1.5, 2, 4
+#              and 8 times the training length, prune adds cache_prune's pass keys under the threshold -10 (1 and 4
+#              times), and recall joins the default groups; the pilot evaluates passkey1x (pass keys at the training
+#              length) and recall
 #   PARALLEL   units trained side by side on the one GPU (default 1; 2 overlaps start-up, data and evaluation)
 #   CORPUS     the corpus folder (default data/corpus: python -m datamodules.build_corpus --out data/corpus)
 #   RESULTS    where runs/, eval/, compare/, logs/ and status.tsv go (default lm_study_results)
@@ -167,6 +170,7 @@ eval_task() {
     case $1 in
     loss) echo "test_loss test_loss" ;; long) echo "pg19_long pg19_long" ;; prune) echo "cache_prune cache_prune" ;;
     evict) echo "cache_prune cache_prune_real" ;; passkey1x) echo "passkey passkey_1x" ;;
+    recall) echo "retrieval_recall retrieval_recall" ;;
     passkey|ruler|babilong|generate|lm_eval) echo "$1 $1" ;;
     *) return 1 ;;
     esac
@@ -183,6 +187,7 @@ evaluate() {
     long)     args=(--data "$corpus/pg19" --max-len "$((context * 8))") ;;
     passkey)  args=("${passkey_args[@]}") ;;
     passkey1x) args=(--lengths "$context" --trials "$retrieval_trials") ;;
+    recall)   args=(--data "$corpus/slimpajama" --lengths $(lengths 1 2 4) --trials "$retrieval_trials") ;;
     ruler)    args=(--data "$corpus/pg19" --lengths $(lengths $ruler_factors) --trials "$ruler_trials") ;;
     babilong) args=(--data "$corpus/pg19" --lengths $(lengths 1 2 4) --trials "$ruler_trials") ;;
     prune)    args=(--data "$corpus/pg19" --thresholds -10 -5 --lengths $(lengths 1 4) --max-docs "$prune_docs"
@@ -287,7 +292,7 @@ compare_pair() {
 
 # pilot: FPA's retrieval arm at every share of SHARES (seed 0), pass keys at the training length, pilot.json
 pilot() {
-    retrieval_arm ${SHARES:-0.05 0.1 0.2}; seeds=(0); evals=(passkey1x)
+    retrieval_arm ${SHARES:-0.05 0.1 0.2}; seeds=(0); evals=(passkey1x recall)
     units "" fpa
     local runs=() lr share
     for lr in "${lrs[@]}"; do for share in "${shares[@]}"; do
@@ -363,6 +368,7 @@ case $command in
     all)     verify && units "" "${backends[@]}"; compare fpa fox; compare fpa sdpa ;;
     pilot)   pilot ;;
     retrieval) retrieval_arm ${SHARE:?the retrieval mode needs SHARE, a synthetic share (pilot.json picks one)}
+             [ -n "${EVALS:-}" ] || evals+=(recall)
              units "" "${backends[@]}" ;;
     summary) ;;
     pack)    tar --exclude='*.ckpt' -czf "${1:?pack needs an output file}" "$results" && ls -l "$1" ;;

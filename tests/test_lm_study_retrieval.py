@@ -64,6 +64,14 @@ def test_the_pilot_summary_reads_pass_keys_at_the_training_length(pilot):
     assert run["successes"] == model["successes"] and run["rate"] == model["successes"] / 2
     assert summary["picked_share"] == pick_share(summary["runs"])
     assert "smallest share reaching 90%: " in first.stdout
+    # and the recall of the synthetic documents' own facts at the training length, beside the same without the facts
+    recall = json.loads((results / "eval" / PILOT_RUN / "retrieval_recall" / "retrieval_recall.json").read_text())
+    assert [e["length"] for e in recall["results"]["lengths"]] == [128, 256, 512]  # 1, 2 and 4 times
+    (scored,) = recall["results"]["lengths"][0]["models"]
+    assert run["recall"]["items"] == scored["all"]["n"] > 0
+    assert (run["recall"]["exact"], run["recall"]["baseline_nll"]) == (scored["all"]["exact"]["estimate"],
+                                                                       scored["all"]["baseline_nll"])
+    assert "the synthetic documents' facts: " in first.stdout
 
 
 def test_a_second_pilot_call_skips_the_finished_unit(pilot):
@@ -98,7 +106,9 @@ def test_the_retrieval_mode_plans_every_unit(tmp_path):
         evals = {step.removeprefix(f"eval_{name}_"): command for step, command in steps.items()
                  if step.startswith(f"eval_{name}_")}
         bias = ["cache_prune"] if backend == "fpa" else []  # softmax has no bias to prune
-        assert sorted(evals) == sorted(["test_loss", "pg19_long", "passkey", "ruler", "babilong", *bias])
+        assert sorted(evals) == sorted(["test_loss", "pg19_long", "passkey", "ruler", "babilong", "retrieval_recall",
+                                        *bias])
+        assert evals["retrieval_recall"].endswith("--lengths 128 256 512 --trials 2")
         assert evals["passkey"].endswith("--lengths 128 192 256 512 1024 --trials 2")  # 1, 1.5, 2, 4 and 8 times
         assert "--lengths 512 1024 2048 " in evals["ruler"]  # SMOKE's RULER lengths (its items need 4x at least)
         if bias:

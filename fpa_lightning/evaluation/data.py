@@ -5,7 +5,12 @@ Optional: the work each long document belongs to. Two editions of one play are o
 documents must resample them together. Data that know their works add ``long_document_works(tokens, min_tokens,
 limit) -> list[tuple[torch.Tensor, str | None]]`` (each document ``long_documents`` returns with those arguments, and
 its work id); ``long_documents_and_works`` reads either kind. Data without it (today's ``EvalCorpus``: the PG-19-layout
-parquet rows carry no work id) give one cluster per document, and the result says so."""
+parquet rows carry no work id) give one cluster per document, and the result says so.
+
+Optional: held-out synthetic retrieval documents, for ``eval.py --task retrieval_recall``: ``retrieval_documents(length,
+count, seed, distance_law)`` -> documents with ``text`` and ``facts`` (``datamodules.retrieval_synth``'s
+``RetrievalDocument``: the train mixture's documents, made from seeds and filler prose that training never reads), and
+``describe()["filler"]`` says how much prose they draw on (``EvalCorpus``: the validation split's)."""
 from __future__ import annotations
 
 from collections.abc import Iterator

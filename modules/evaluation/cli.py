@@ -66,8 +66,9 @@ class _Options:
 def build_parser(tasks: Sequence[str] = tuple(TASKS)) -> argparse.ArgumentParser:
     """The options all tasks read and those of `tasks`: every task's to parse a command line; one task's, or none,
     for ``--help``."""
+    width = max(map(len, TASKS))
     described = (f"--task {tasks[0]}: {TASKS[tasks[0]].description}" if len(tasks) == 1 else "tasks:\n" + "\n".join(
-        f"  {name:12s} {task.description}" for name, task in TASKS.items()))
+        f"  {name:{width}s} {task.description}" for name, task in TASKS.items()))
     every = len(tasks) > 1  # the parser of a command line, whose usage would list every task's options
     p = argparse.ArgumentParser(
         prog="eval.py", add_help=False, formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -380,6 +381,12 @@ class DataErrors:
     def test_sequences(self, seq_len, batch_size, limit):
         try:
             yield from self._data.test_sequences(seq_len, batch_size, limit)
+        except KeyError as err:
+            raise self._error(err) from err
+
+    def retrieval_documents(self, length, count, seed, distance_law):
+        try:
+            return self._data.retrieval_documents(length, count, seed, distance_law)
         except KeyError as err:
             raise self._error(err) from err
 

@@ -33,7 +33,7 @@ from fpa_lightning.evaluation.checkpoint import LoadedModel
 from fpa_lightning.evaluation.seeds import ONE_PAIR_NOTE, compare_seeds, family_confidence
 from modules.evaluation.report import json_safe, library_versions
 
-COMPARING_TASKS = ("test_loss", "pg19_long", "passkey", "ruler", "babilong", "cache_prune")
+COMPARING_TASKS = ("test_loss", "pg19_long", "passkey", "ruler", "babilong", "cache_prune", "retrieval_recall")
 DEFAULT_MARGINS = {"test_loss": 0.00995}  # the paper's non-inferiority margin (nats); other tasks: none unless given
 
 

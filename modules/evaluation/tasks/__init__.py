@@ -4,7 +4,7 @@ A task module defines ``TASK`` (a ``Task``: description, the options it reads, i
 does the work on loaded checkpoints. A new task is a new module plus one line here (docs/evaluation.md).
 """
 from modules.evaluation.tasks import (babilong, cache_prune, generate, heldout_loss, lm_eval, passkey, pg19_long,
-                                      probes, ruler)
+                                      probes, retrieval_recall, ruler)
 from modules.evaluation.tasks.common import Task, TaskOutput
 
 TASKS: dict[str, Task] = {
@@ -17,6 +17,7 @@ TASKS: dict[str, Task] = {
     "babilong": babilong.TASK,
     "lm_eval": lm_eval.TASK,
     "probes": probes.TASK,
+    "retrieval_recall": retrieval_recall.TASK,  # the train mixture's synthetic retrieval documents, held out
 }
 
 __all__ = ["TASKS", "Task", "TaskOutput"]

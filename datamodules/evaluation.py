@@ -21,8 +21,8 @@ from collections.abc import Iterator
 import torch
 
 from .pg19 import PG19DataModule
-from .retrieval_synth import (DISTANCE_LAWS, MIN_SPAN, OPTIONS, FillerPool, RetrievalDocument, make_document,
-                              prose_sentences)
+from .retrieval_synth import (DISTANCE_LAWS, MIN_SPAN, OPTIONS, FillerPool, RetrievalDocument, encode_pieces,
+                              make_document, read_prose)
 from .slimpajama import SlimPajamaDataModule
 from .sources import describe_skips
 from .stream import PipelineStats
@@ -158,7 +158,7 @@ class EvalCorpus:
                               min_tokens, length, length, OPTIONS["max_facts"], distance_law) for i in range(count)]
 
     def _encode_pieces(self, texts: list[str]) -> list[list[int]]:
-        return [e.ids for e in self.tokenizer.encode_batch(list(texts), add_special_tokens=False)]
+        return encode_pieces(self.tokenizer, texts)
 
     def _filler_pool(self) -> FillerPool:
         """The prose sentences of the validation split, up to ``OPTIONS["filler_chars"]`` characters in file order
@@ -171,17 +171,7 @@ class EvalCorpus:
                 raise ValueError(f"the retrieval filler is read from the validation split: {err}; give --data a "
                                  "folder with a validation split (validation/..., validation.jsonl) or the validation "
                                  "files themselves") from None
-            sentences, chars, documents, skipped = [], 0, 0, Counter()
-            for text, reason in source.records(1, 0, 0, 0):
-                if reason is not None:
-                    skipped[reason] += 1
-                    continue
-                documents += 1
-                found = prose_sentences(text)
-                sentences += found
-                chars += sum(map(len, found))
-                if chars >= OPTIONS["filler_chars"]:
-                    break
+            sentences, documents, skipped = read_prose(source.records(1, 0, 0, 0), OPTIONS["filler_chars"])
             self._account(skipped, documents, "validation")
             if not sentences:
                 raise ValueError(f"the validation split of {self.describe()['source']} holds no prose sentence for the "

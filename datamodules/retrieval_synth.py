@@ -44,6 +44,7 @@ from __future__ import annotations
 import math
 import random
 import re
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -135,6 +136,28 @@ def prose_sentences(text: str) -> list[str]:
         if 30 <= len(sentence) <= 400 and _PROSE.fullmatch(sentence) and sentence.count(" ") >= 4:
             out.append(sentence)
     return out
+
+
+def read_prose(records, max_chars: int) -> tuple[list[str], int, Counter]:
+    """The prose sentences of ``records`` (``(text, skip reason)`` pairs, a split's in its order) up to the document
+    that reaches ``max_chars`` characters of them, the usable documents read, and the records skipped by reason."""
+    sentences, chars, documents, skipped = [], 0, 0, Counter()
+    for text, reason in records:
+        if reason is not None:
+            skipped[reason] += 1
+            continue
+        documents += 1
+        found = prose_sentences(text or "")
+        sentences += found
+        chars += sum(map(len, found))
+        if chars >= max_chars:
+            break
+    return sentences, documents, skipped
+
+
+def encode_pieces(tokenizer, texts: Sequence[str]) -> list[list[int]]:
+    """Each text's token ids on its own, without special tokens (how a document's pieces are counted)."""
+    return [e.ids for e in tokenizer.encode_batch(list(texts), add_special_tokens=False)]
 
 
 class FillerPool:
@@ -409,17 +432,11 @@ class RetrievalSource:
                 "filler_chars": self.filler_chars, "distance_law": self.distance_law}
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
-        return [e.ids for e in self.tokenizer.encode_batch(list(texts), add_special_tokens=False)]
+        return encode_pieces(self.tokenizer, texts)
 
     def pool(self, seed: int) -> FillerPool:
         if self._pool is None or self._pool_seed != seed:
-            sentences, chars = [], 0
-            for text, _ in self.filler.records(1, 0, seed, 0):
-                for sentence in prose_sentences(text or ""):
-                    sentences.append(sentence)
-                    chars += len(sentence)
-                if chars >= self.filler_chars:
-                    break
+            sentences, _, _ = read_prose(self.filler.records(1, 0, seed, 0), self.filler_chars)
             if not sentences:
                 self._no_prose()
             self._pool, self._pool_seed = FillerPool(sentences, self.encode), seed

@@ -90,7 +90,8 @@ def count_p(paper: str, successes: int, n: int) -> float:
 
 # --- the summary's sources and lines ------------------------------------------------------------------------------
 SOURCES = {
-    "h200": ("benchmarks/results/probes/h200_2026-12-02/probes.json", "H200"),
+    # the H200 table, with dip_depth at 6000 steps (run on an H100) merged in
+    "h200": ("benchmarks/results/probes/h100_2026-12-06_dip_depth_steps/probes.json", "H200"),
     "mqar": ("benchmarks/results/probes/h100_2026-12-06_mqar_regime_rope1/probes.json", "H200"),
     "cpu": ("benchmarks/results/probes/cpu_2026-12-02_noretrieval/probes.json", "CPU"),
     "dip6000": ("benchmarks/results/probes/cpu_2026-12-05_dip_depth_6000/probes.json", "CPU"),
@@ -136,6 +137,8 @@ class Line:
     """The paper's cell of a pending line."""
     lr: float | None = None
     """Only the group's rows trained at this peak learning rate, where the source holds several rates."""
+    steps: int | None = None
+    """Only the group's rows trained for this many steps, where the source holds several step counts."""
     backends: tuple[str, ...] = ()
     """Only these backends' rows are the line's entries, where the group's rows are split over two lines (FPA's row
     is still shown and gives the paper's direction; its count is tested on the line that lists it); those of them
@@ -150,8 +153,6 @@ PENDING_MQAR_512 = ('python eval.py --task probes --device cuda --devices cuda:0
 PENDING_CAPACITY = ('python eval.py --task probes --device cuda --workers 12 --groups "unnamed ladder*positions, d=*, '
                     'r=18" --steps 4500 --lr 0.01 0.003 --merge '
                     'benchmarks/results/probes/cpu_2026-12-06_unnamed_ladder_r18_widths --out DIR')
-PENDING_DIP_DEPTH = ('python eval.py --task probes --device cuda --workers 12 --probes dip_depth --steps 2000 6000 '
-                     '--merge benchmarks/results/probes/h200_2026-12-02 --out DIR')
 
 def ladder_groups(named: str, unnamed: str) -> list[tuple[str, str]]:
     """(group, source) of the named ladder's d = 4 rows and wide controls from ``named``, then the unnamed ladder's
@@ -226,19 +227,20 @@ LINES = [
     Line("multi-dip ladder, d=4, r=18", "h200", note="as above"),
     Line("dip duration, variable", "h200", note="every dip token names its depth; 133 distinct held-out sequences"),
     Line("dip duration, fixed", "h200", untestable="its held-out part holds 28 sequences and no class 2"),
-    Line("dip depth, durations 1-2", "h200", note="our unit-step probe; trained 1–2 and tested 3–4, the dip sum "
-         "fails (next section)"),
-    Line("dip depth, duration 1", "h200", note="our unit-step probe"),
+    Line("dip depth, durations 1-2", "h200", steps=2000, note="our unit-step probe; trained 1–2 and tested 3–4, "
+         "the dip sum fails (next section)"),
+    Line("dip depth, duration 1", "h200", steps=2000, note="our unit-step probe"),
+    Line("dip depth, durations 1-2", "h200", steps=6000, device="H100",
+         title="dip depth, durations 1-2, 6000 steps, GPU", note="three times the budget of the 2000-step line"),
+    Line("dip depth, duration 1", "h200", steps=6000, device="H100", title="dip depth, duration 1, 6000 steps, GPU",
+         note="as above"),
     Line("dip depth, durations 1-2", "dip6000", title="dip depth, durations 1-2, 6000 steps",
-         note="three times the budget of the line above"),
-    Line("dip depth, duration 1", "dip6000", title="dip depth, duration 1, 6000 steps",
-         note="three times the budget of the line above"),
+         note="the 6000-step line above, on the CPU"),
+    Line("dip depth, duration 1", "dip6000", title="dip depth, duration 1, 6000 steps", note="as above"),
     Line("dip depth, durations 1-2", "dipdata1", title="dip depth, durations 1-2, data seed 1",
          note="a data replicate (another pool and held-out set) of the 2000-step line"),
     Line("dip depth, duration 1", "dip1data1", title="dip depth, duration 1, data seed 1",
          note="a data replicate (another pool and held-out set) of the 2000-step line"),
-    Line("dip depth, 2000 and 6000 steps, H200, every backend", pending=PENDING_DIP_DEPTH,
-         paper="as the dip depth lines"),
     *LABEL_SPLIT_LINES,
     Line("two families, 2 heads of d=2", "h200"),
     Line("push/pop", "h200"),
@@ -339,7 +341,8 @@ def entries(line: Line, sources: dict[str, dict], family: list[dict]) -> list[En
 def _group_rows(line: Line, sources: dict[str, dict]) -> list[dict]:
     """The rows of the line's group in its source, FPA's first."""
     rows = [r for r in sources[line.source]["rows"]
-            if r["group"] == line.group and (line.lr is None or r["budget"]["lr"] == line.lr)]
+            if r["group"] == line.group and (line.lr is None or r["budget"]["lr"] == line.lr)
+            and (line.steps is None or r["budget"]["steps"] == line.steps)]
     return sorted(rows, key=lambda r: r["backend"] != REFERENCE)
 
 

@@ -125,8 +125,8 @@ def test_a_changed_number_fails():
     text = page()
     line = next(line for line in table_after(SUMMARY, text) if line.startswith("| mqar, paper regime, 2 layers, 32 "
                                                                                "pairs, T=256 |"))
-    assert "FPA 6/15" in line and "softmax better 0.002 → 0.51;" in line
-    for old, new in (("FPA 6/15", "FPA 0/15"), ("→ 0.51;", "→ 0.002;")):
+    assert "FPA 6/15" in line and "softmax better 0.002 → 0.52;" in line
+    for old, new in (("FPA 6/15", "FPA 0/15"), ("→ 0.52;", "→ 0.002;")):
         assert table_after(SUMMARY, text.replace(line, line.replace(old, new, 1))) != summary_table(ROOT).splitlines()
 
 
@@ -149,14 +149,15 @@ def test_the_tally_and_the_family_are_the_summarys():
                  and path.parent.parent == RESULTS]
     rows = {path: {row_key(r) for r in results(path)["rows"]} for path in committed}
     superseded = {p for p in committed if any(q != p and rows[p] < rows[q] for q in committed)}
-    assert {p.relative_to(RESULTS).parent.name for p in superseded} == {"h200_2026-12-03_mqar_regime"}
+    assert {p.relative_to(RESULTS).parent.name for p in superseded} == {"h200_2026-12-03_mqar_regime",
+                                                                  "h200_2026-12-02"}
     committed = [p for p in committed if p not in superseded]
     assert sorted(str(p.relative_to(ROOT)) for p in committed) == sorted(path for path, _ in SOURCES.values())
     family = sign_family(load_sources(ROOT))
-    assert len(family) == sum(len(results(p)["comparisons"]) for p in committed) == 339
-    assert "all 339 committed sign tests" in flat(page())
+    assert len(family) == sum(len(results(p)["comparisons"]) for p in committed) == 352
+    assert "all 352 committed sign tests" in flat(page())
     smallest = min(c["p_tested"] for c in family)
-    assert smallest == pytest.approx(2**-15) and min(c["p_holm"] for c in family) == pytest.approx(339 * 2**-15)
+    assert smallest == pytest.approx(2**-15) and min(c["p_holm"] for c in family) == pytest.approx(352 * 2**-15)
 
 
 def test_every_sequence_split_line_but_the_mqar_regime_has_a_data_replicate():
@@ -185,7 +186,7 @@ def test_every_pending_command_parses_and_selects_rows():
     from modules.probes.table import select
 
     commands = pending_commands(table_section("## Runs to make") + "\n".join(table_after(SUMMARY)))
-    assert len(commands) >= 7  # the summary's 3 pending lines and the table's 4 runs
+    assert len(commands) >= 5  # the summary's 2 pending lines and the table's 3 runs
     for command in commands:
         argv = shlex.split(command)[2:]
         parser = build_parser()
@@ -214,6 +215,19 @@ def test_the_mqar_regime_rows_were_trained_on_the_gpu():
     assert all(first[(r["group"], r["backend"])] == r["successes"] for r in merged if r["backend"] in
                ("fpa", "sdpa", "fpa_nobias1"))
 
+
+
+def test_the_dip_depth_merge_adds_only_gpu_rows_at_6000_steps():
+    """The summary reads the H200 table through the file that merged dip_depth at 6000 steps into it: every H200 row
+    is there unchanged, and the only new rows are dip_depth's at 6000 steps, trained on a GPU."""
+    table = results(RESULTS / "h200_2026-12-02/probes.json")["rows"]
+    merged = results(RESULTS / "h100_2026-12-06_dip_depth_steps/probes.json")["rows"]
+    before = {row_key(r) for r in table}
+    assert before < {row_key(r) for r in merged}
+    new = [r for r in merged if row_key(r) not in before]
+    assert len(new) == 18 and {r["device"] for r in new} == {"cuda"}
+    assert all(r["group"].startswith("dip depth") and r["budget"]["steps"] == 6000 for r in new)
+    assert {r["group"] for r in new} == {r["group"] for r in table if r["group"].startswith("dip depth")}
 
 def test_the_runs_own_probes_md_is_its_json():
     r = results(ROOT / RUN)

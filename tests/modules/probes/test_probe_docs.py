@@ -150,7 +150,7 @@ def test_the_tally_and_the_family_are_the_summarys():
     rows = {path: {row_key(r) for r in results(path)["rows"]} for path in committed}
     superseded = {p for p in committed if any(q != p and rows[p] < rows[q] for q in committed)}
     assert {p.relative_to(RESULTS).parent.name for p in superseded} == {"h200_2026-12-03_mqar_regime",
-                                                                  "h200_2026-12-02"}
+                                                                        "h200_2026-12-02"}
     committed = [p for p in committed if p not in superseded]
     assert sorted(str(p.relative_to(ROOT)) for p in committed) == sorted(path for path, _ in SOURCES.values())
     family = sign_family(load_sources(ROOT))
@@ -216,7 +216,6 @@ def test_the_mqar_regime_rows_were_trained_on_the_gpu():
                ("fpa", "sdpa", "fpa_nobias1"))
 
 
-
 def test_the_dip_depth_merge_adds_only_gpu_rows_at_6000_steps():
     """The summary reads the H200 table through the file that merged dip_depth at 6000 steps into it: every H200 row
     is there unchanged, and the only new rows are dip_depth's at 6000 steps, trained on a GPU."""
@@ -228,6 +227,7 @@ def test_the_dip_depth_merge_adds_only_gpu_rows_at_6000_steps():
     assert len(new) == 18 and {r["device"] for r in new} == {"cuda"}
     assert all(r["group"].startswith("dip depth") and r["budget"]["steps"] == 6000 for r in new)
     assert {r["group"] for r in new} == {r["group"] for r in table if r["group"].startswith("dip depth")}
+
 
 def test_the_runs_own_probes_md_is_its_json():
     r = results(ROOT / RUN)

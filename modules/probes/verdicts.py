@@ -150,9 +150,7 @@ class Line:
 PENDING_MQAR_512 = ('python eval.py --task probes --device cuda --devices cuda:0 cuda:1 --workers 4 --groups "mqar, '
                     'paper regime, 2 layers, 64 pairs, T=512" --backends sdpa --seeds 4 --steps 12000 --lr 0.01 0.003 '
                     '--out DIR')
-PENDING_CAPACITY = ('python eval.py --task probes --device cuda --workers 12 --groups "unnamed ladder*positions, d=*, '
-                    'r=18" --steps 4500 --lr 0.01 0.003 --merge '
-                    'benchmarks/results/probes/cpu_2026-12-06_unnamed_ladder_r18_widths --out DIR')
+
 
 def ladder_groups(named: str, unnamed: str) -> list[tuple[str, str]]:
     """(group, source) of the named ladder's d = 4 rows and wide controls from ``named``, then the unnamed ladder's
@@ -208,16 +206,13 @@ LINES = [
          "the 0.99 criterion"),
     Line("unnamed ladder, positions, d=4, r=18", "r18", lr=0.01,
          title="unnamed ladder, positions, d=4, r=18, 4500 steps",
-         note="three times the steps at the same rate (0.01); widths 2–18: \"Where we differ from the paper\", 1"),
+         note="three times the steps at the same rate (0.01); widths 2–19: \"Where we differ from the paper\", 1"),
     Line("unnamed ladder control, positions, d=20, r=18", "r18", lr=0.01,
          title="unnamed ladder control, positions, d=20, r=18, 4500 steps"),
     Line("unnamed ladder, positions, d=4, r=18", "r18", lr=0.003,
          title="unnamed ladder, positions, d=4, r=18, 4500 steps, lr 0.003", note="the line above at the second rate"),
     Line("unnamed ladder control, positions, d=20, r=18", "r18", lr=0.003,
          title="unnamed ladder control, positions, d=20, r=18, 4500 steps, lr 0.003"),
-    Line("unnamed ladder, positions, r=18: width 19, 4500 steps",
-         pending=PENDING_CAPACITY, pending_note="reusing the CPU's rows: widths 2–18 and 20 at both rates",
-         paper="FPA 13/15; NoPE, ALiBi, FoX 0/15 (d = 4)"),
     Line("unnamed ladder control, positions, d=12, r=10", "h200"),
     Line("unnamed ladder control, positions, d=16, r=14", "h200"),
     Line("unnamed ladder control, positions, d=20, r=18", "h200"),

@@ -4,10 +4,11 @@
 #      overlaps), the backend wiring test, and each candidate's tests on its patched copy
 #      (benchmarks/candidates/*.patch) in the same five groups, all in parallel;
 #   2. benchmarks/attention.py: SDPA-flash, FPA dense and with skipping, and each variant (query, dipsum, docs);
-#   3. each candidate's timing in its own process (ratios to its own SDPA-flash), beside the base of step 2, and
+#   3. each candidate's timing in its own process (ratios to its own SDPA-flash; dense, skip and documents, or
+#      CANDIDATE_METHODS), beside the base of step 2, and
 #      whether its output and gradients are the base's bit for bit (benchmarks/candidates/same_numbers.py).
 #   bash benchmarks/kernel_check.sh [results folder]
-#   CANDIDATES="fpa_dkdv_pairs fpa_forward_pairs" bash benchmarks/kernel_check.sh   # only these candidates (names
+#   CANDIDATES="fpa_segment_tables" bash benchmarks/kernel_check.sh   # only these candidates (names
 #                                                       of benchmarks/candidates/*.patch; default all, "" for none)
 # The closing tables also go to RESULTS/summary.md. Every test process stops after TEST_LIMIT_S seconds (default 390):
 # one candidate's 71 tests in a single process took 270 to 440+ s on an H100 beside the base's tests, so each group of
@@ -58,10 +59,13 @@ all_passed() {  # LOG...: each log's last line is pytest's summary with passes a
         [[ "$last" == *" passed"* && "$last" != *failed* && "$last" != *error* ]] || return 1
     done
 }
+# the paths a candidate may change: dense, skipping and documents (a change to the documents' set-up is invisible on
+# the other two, which then measure the run's own variation)
+candidate_methods=${CANDIDATE_METHODS:-fpa,fpa-skip10,fpa-docs}
 for name in "${!trees[@]}"; do
     if all_passed "$out/tests_candidate_${name}_"*.log; then
-        bash benchmarks/candidates/ab.sh time "${trees[$name]}" "$out/timing_candidate_$name.log" "$shapes" fpa,fpa-skip10 \
-            || status=1
+        bash benchmarks/candidates/ab.sh time "${trees[$name]}" "$out/timing_candidate_$name.log" "$shapes" \
+            "$candidate_methods" || status=1
         bash benchmarks/candidates/ab.sh same "${trees[$name]}" > "$out/same_candidate_$name.log" 2>&1 || status=1
     fi
 done

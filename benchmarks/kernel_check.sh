@@ -4,8 +4,8 @@
 #      overlaps), the backend wiring test, and each candidate's tests on its patched copy
 #      (benchmarks/candidates/*.patch) in the same five groups, all in parallel;
 #   2. benchmarks/attention.py: SDPA-flash, FPA dense and with skipping, and each variant (query, dipsum, docs);
-#   3. each candidate's timing in its own process (ratios to its own SDPA-flash; dense, skip and documents, or
-#      CANDIDATE_METHODS), beside the base of step 2, and
+#   3. the timing of each candidate whose tests passed, alternating with the base's for AB_ROUNDS rounds (default 2),
+#      each in its own process (ratios to its own SDPA-flash; dense, skip and documents, or CANDIDATE_METHODS), and
 #      whether its output and gradients are the base's bit for bit (benchmarks/candidates/same_numbers.py).
 #   bash benchmarks/kernel_check.sh [results folder]
 #   CANDIDATES="fpa_segment_tables" bash benchmarks/kernel_check.sh   # only these candidates (names
@@ -62,20 +62,29 @@ all_passed() {  # LOG...: each log's last line is pytest's summary with passes a
 # the paths a candidate may change: dense, skipping and documents (a change to the documents' set-up is invisible on
 # the other two, which then measure the run's own variation)
 candidate_methods=${CANDIDATE_METHODS:-fpa,fpa-skip10,fpa-docs}
+passed=()
 for name in "${!trees[@]}"; do
-    if all_passed "$out/tests_candidate_${name}_"*.log; then
-        bash benchmarks/candidates/ab.sh time "${trees[$name]}" "$out/timing_candidate_$name.log" "$shapes" \
+    if all_passed "$out/tests_candidate_${name}_"*.log; then passed+=("$name"); fi
+done
+# AB_ROUNDS rounds (default 2), each timing the base and then every candidate that passed, each in its own process:
+# one process per tree moves the same kernels by up to 4 %, so a gain must exceed the rounds' spread
+for ((round = 1; round <= ${AB_ROUNDS:-2} && ${#passed[@]} > 0; round++)); do
+    bash benchmarks/candidates/ab.sh time . "$out/timing_base_$round.log" "$shapes" "$candidate_methods" || status=1
+    for name in "${passed[@]}"; do
+        bash benchmarks/candidates/ab.sh time "${trees[$name]}" "$out/timing_candidate_${name}_$round.log" "$shapes" \
             "$candidate_methods" || status=1
-        bash benchmarks/candidates/ab.sh same "${trees[$name]}" > "$out/same_candidate_$name.log" 2>&1 || status=1
-    fi
+    done
+done
+for name in "${passed[@]}"; do
+    bash benchmarks/candidates/ab.sh same "${trees[$name]}" > "$out/same_candidate_$name.log" 2>&1 || status=1
 done
 summary() {
     echo "== tests (last lines)"
     for f in "$out"/tests_*.log; do echo "$(basename "$f" .log): $(tail -n 1 "$f")"; done
     for name in "${!trees[@]}"; do
         echo "== candidate $name (timed only if its tests passed)"
-        [ -f "$out/timing_candidate_$name.log" ] && bash benchmarks/candidates/ab.sh table "$name" "$out/attention.log" \
-            "$out/timing_candidate_$name.log"
+        [ -f "$out/timing_candidate_${name}_1.log" ] && bash benchmarks/candidates/ab.sh table "$name" \
+            "$(echo "$out"/timing_base_*.log)" "$(echo "$out"/timing_candidate_"${name}"_*.log)"
         [ -f "$out/same_candidate_$name.log" ] && cat "$out/same_candidate_$name.log"
     done
     echo "== benchmarks/attention.py, one run (ratios to SDPA-flash)"

@@ -10,7 +10,8 @@
 # same: benchmarks/candidates/same_numbers.py, the base's and the copy's output and six gradients compared bit for bit
 # (a candidate that only reorders exact operations must read "same" everywhere).
 # time: benchmarks/attention.py in that copy, in its own process; every number is a ratio to SDPA-flash measured in
-# the same process. The full run times the base the same way and prints base and candidate side by side.
+# the same process. The full run times the base the same way, alternating with the candidate for AB_ROUNDS rounds
+# (default 2), and prints base and candidate side by side, each cell the range over the rounds.
 # Adopt only what is faster on the GPU, and log the A/B in benchmarks/KERNEL_LOG.md.
 set -euo pipefail
 export PYTHONUNBUFFERED=1
@@ -42,24 +43,30 @@ run_timing() {  # DIR LOG [shapes] [methods]
     (cd "$1" && PYTHONPATH=. python3 benchmarks/attention.py --shapes "${3:-$SHAPES}" --methods "${4:-$METHODS}") > "$2" 2>&1
 }
 
-table() {  # NAME BASE_LOG CANDIDATE_LOG: forward and fwd+bwd ratios side by side
+table() {  # NAME "BASE_LOG..." "CANDIDATE_LOG...": forward and fwd+bwd ratios side by side, a range over rounds
     echo "| shape | method | base fwd / flash | $1 fwd / flash | base fwd+bwd / flash | $1 fwd+bwd / flash |"
     echo "|---|---|---|---|---|---|"
     python3 - "$2" "$3" <<'PY'
 import re, sys
-NAN = (float("nan"),) * 4
-def ratios(path):  # (shape, method) -> (fwd ms, fwd ratio, fwd+bwd ms, fwd+bwd ratio)
+def ratios(paths):  # (shape, method) -> [(fwd ms, fwd ratio, fwd+bwd ms, fwd+bwd ratio) per log]
     out = {}
-    for line in open(path):
-        m = re.match(r"\| (\S+) \| (\S+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \|", line)
-        if m and m.group(2) != "sdpa-flash":
-            out[(m.group(1), m.group(2))] = tuple(float(g) for g in m.groups()[2:])
+    for path in paths.split():
+        for line in open(path):
+            m = re.match(r"\| (\S+) \| (\S+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \|", line)
+            if m and m.group(2) != "sdpa-flash":
+                out.setdefault((m.group(1), m.group(2)), []).append(tuple(float(g) for g in m.groups()[2:]))
     return out
+def cell(runs, i):  # "1.81x (1.533 ms)", or over several rounds "1.81-1.85x (1.533-1.561 ms)"
+    if not runs:
+        return "-"
+    ms, ratio = [r[i] for r in runs], [r[i + 1] for r in runs]
+    if len(runs) == 1:
+        return f"{ratio[0]:.2f}x ({ms[0]:.3f} ms)"
+    return f"{min(ratio):.2f}-{max(ratio):.2f}x ({min(ms):.3f}-{max(ms):.3f} ms)"
 base, cand = ratios(sys.argv[1]), ratios(sys.argv[2])
 for key, c in cand.items():
-    b = base.get(key, NAN)
-    print(f"| {key[0]} | {key[1]} | {b[1]:.2f}x ({b[0]:.3f} ms) | {c[1]:.2f}x ({c[0]:.3f} ms) "
-          f"| {b[3]:.2f}x ({b[2]:.3f} ms) | {c[3]:.2f}x ({c[2]:.3f} ms) |")
+    b = base.get(key, [])
+    print(f"| {key[0]} | {key[1]} | {cell(b, 0)} | {cell(c, 0)} | {cell(b, 2)} | {cell(c, 2)} |")
 PY
 }
 
@@ -76,8 +83,12 @@ case "$1" in
         run_tests "$dir" 2>&1 | tail -3
         echo "== $name: the same numbers as the base? (bf16, 2x2048)"
         python3 benchmarks/candidates/same_numbers.py . "$dir"
-        run_timing . "$dir/base.log" "${2:-}" "${3:-}"
-        run_timing "$dir" "$dir/candidate.log" "${2:-}" "${3:-}"
-        table "$name" "$dir/base.log" "$dir/candidate.log"
+        # base and candidate alternate, each round in its own processes: one process per tree shifted the same
+        # kernels by up to 4 % (KERNEL_LOG's rejected table, 2026-12-06), so a gain must exceed the rounds' spread
+        for ((round = 1; round <= ${AB_ROUNDS:-2}; round++)); do
+            run_timing . "$dir/base_$round.log" "${2:-}" "${3:-}"
+            run_timing "$dir" "$dir/candidate_$round.log" "${2:-}" "${3:-}"
+        done
+        table "$name" "$(echo "$dir"/base_*.log)" "$(echo "$dir"/candidate_*.log)"
         ;;
 esac

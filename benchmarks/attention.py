@@ -129,9 +129,13 @@ def make_methods(B, T, H, D, device):
 
 
 def profile_kernels(args):
-    """Per-kernel CUDA time (ms, averaged over 5 steps) of fpa forward+backward, from torch.profiler."""
+    """Per-kernel CUDA time of one fwd+bwd (ms a step, over 5 steps, from torch.profiler), the kernels' sum, and the
+    step's time without the profiler (CUDA events over 5 steps): a sum well below that time is host time between
+    launches, which only fewer launches or less Python per call can remove."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
+    steps = 5
     for shp in args.shapes.split(","):
         B, T = map(int, shp.split("x"))
         for name in args.methods.split(",") if args.methods else ("fpa", "fpa-skip10"):
@@ -139,13 +143,22 @@ def profile_kernels(args):
             do = torch.randn(B, T, args.H, args.D, device="cuda", dtype=torch.bfloat16)
             for _ in range(2):
                 f().backward(do)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             torch.cuda.synchronize()
+            start.record()
+            for _ in range(steps):
+                f().backward(do)
+            end.record()
+            torch.cuda.synchronize()
+            step_ms = start.elapsed_time(end) / steps
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                for _ in range(5):
+                for _ in range(steps):
                     f().backward(do)
                 torch.cuda.synchronize()
-            rows = sorted(((e.key, e.device_time_total / 5e3) for e in prof.key_averages()), key=lambda r: -r[1])
-            print(f"  {B}x{T} {name}: " + ", ".join(f"{k[:40]} {t:.3f}" for k, t in rows[:8]), flush=True)
+            kernels = sorted(((e.key, e.self_device_time_total / (steps * 1e3)) for e in prof.key_averages()
+                              if e.device_type == DeviceType.CUDA), key=lambda r: -r[1])
+            print(f"  {B}x{T} {name}: kernels {sum(ms for _, ms in kernels):.3f} ms of a {step_ms:.3f} ms step, "
+                  f"{len(kernels)} distinct; " + ", ".join(f"{k[:40]} {ms:.3f}" for k, ms in kernels[:8]), flush=True)
 
 
 def main():
@@ -154,7 +167,8 @@ def main():
     ap.add_argument("--H", type=int, default=12)
     ap.add_argument("--D", type=int, default=64)
     ap.add_argument("--methods", default="")
-    ap.add_argument("--profile", action="store_true", help="per-kernel CUDA times of one fpa fwd+bwd per shape")
+    ap.add_argument("--profile", action="store_true",
+                    help="per-kernel CUDA times of one fwd+bwd per shape and method, their sum and the step's time")
     args = ap.parse_args()
     device = "cuda"
     if args.profile:

@@ -68,6 +68,7 @@ for name in "${!trees[@]}"; do
 done
 # AB_ROUNDS rounds (default 2), each timing the base and then every candidate that passed, each in its own process:
 # one process per tree moves the same kernels by up to 4 %, so a gain must exceed the rounds' spread
+rm -f "$out"/timing_base_*.log "$out"/timing_candidate_*.log  # a reused results folder: no earlier run's rounds
 for ((round = 1; round <= ${AB_ROUNDS:-2} && ${#passed[@]} > 0; round++)); do
     bash benchmarks/candidates/ab.sh time . "$out/timing_base_$round.log" "$shapes" "$candidate_methods" || status=1
     for name in "${passed[@]}"; do

@@ -8,7 +8,7 @@
 #      each in its own process (ratios to its own SDPA-flash; dense, skip and documents, or CANDIDATE_METHODS), and
 #      whether its output and gradients are the base's bit for bit (benchmarks/candidates/same_numbers.py).
 #   bash benchmarks/kernel_check.sh [results folder]
-#   CANDIDATES="fpa_segment_tables" bash benchmarks/kernel_check.sh   # only these candidates (names
+#   CANDIDATES="NAME1 NAME2" bash benchmarks/kernel_check.sh           # only these candidates (names
 #                                                       of benchmarks/candidates/*.patch; default all, "" for none)
 # The closing tables also go to RESULTS/summary.md. Every test process stops after TEST_LIMIT_S seconds (default 390):
 # one candidate's 71 tests in a single process took 270 to 440+ s on an H100 beside the base's tests, so each group of

@@ -21,7 +21,7 @@ import math
 import torch
 
 from fpa_lightning.ops.fpa.naive import check_variant
-from fpa_lightning.ops.kernel_inputs import HEAD_DIMS, cdiv, empty_output, require_triton
+from fpa_lightning.ops.kernel_inputs import HEAD_DIMS, cdiv, empty_output, next_power_of_2, require_triton
 from fpa_lightning.ops.kernel_inputs import check_device, check_qkv, check_scale, check_segment_ids, env_int
 from fpa_lightning.ops.kernel_inputs import with_env_overrides
 from fpa_lightning.ops.kernel_inputs import interpreting as _interpreting
@@ -163,8 +163,9 @@ def _prep(phi, psi, BS):
     return (phip, psip, suf, zsuf, pre, zpre, bmin, zblk, minsuf), asuf
 
 
-def _segment_tables(segment_ids: torch.Tensor, BS: int, nB: int):
-    """Document ids padded to (B, Tp) int32, and per block the walk bounds (B, nB) int32 of docs/kernel.md §3:
+def segment_tables_reference(segment_ids: torch.Tensor, BS: int, nB: int):
+    """Document ids padded to (B, Tp) int32, and per block the walk bounds (B, nB) int32 of docs/kernel.md §3, in
+    torch (the reference of `_segment_tables`, which makes them in one launch):
     jlo[I] = the lowest key block that can share a document with query block I, ihi[J] = the highest query block
     that can share one with key block J. Both hold for any ids (from block minima and maxima); for contiguous
     documents they are tight. No host synchronisation."""
@@ -182,6 +183,21 @@ def _segment_tables(segment_ids: torch.Tensor, BS: int, nB: int):
     suffix_min = smin.flip(-1).cummin(dim=-1).values.flip(-1).contiguous()
     ihi = torch.searchsorted(suffix_min, smax.contiguous(), side="right") - 1
     return seg, jlo.to(torch.int32).contiguous(), ihi.to(torch.int32).contiguous()
+
+
+def _segment_tables(segment_ids: torch.Tensor, BS: int, nB: int):
+    """`segment_tables_reference`'s tables by one kernel launch per call instead of a dozen small torch operations
+    (their launches were a visible share of a short forward with documents): the same (B, Tp) ids and (B, nB) bounds."""
+    B, T = segment_ids.shape
+    Tp = nB * BS
+    seg = empty_output((B, Tp), dtype=torch.int32, device=segment_ids.device)
+    bounds = empty_output((2, B, nB), dtype=torch.int32, device=segment_ids.device)
+    stats = empty_output((B, 4, nB), dtype=torch.int32, device=segment_ids.device)
+    steps = max(1, nB.bit_length())  # binary-search halvings: 2**steps > nB
+    load_kernels()._fpa_segment_tables_kernel[(B,)](
+        segment_ids, segment_ids.stride(0), segment_ids.stride(1), seg, stats, bounds[0], bounds[1], T, Tp, nB, steps,
+        BS=BS, CB=min(64, max(2, next_power_of_2(nB))), **({} if _interpreting() else {"num_warps": 4}))
+    return seg, bounds[0], bounds[1]
 
 
 def _dip_carry(phip, psip, seg_tables, B, H, Tp, nB, cx, skip):

@@ -140,6 +140,77 @@ def _fpa_prep_kernel(
     tl.store(MINSUF + bh * nB + blk, tl.min(suf, axis=0))
 
 
+# ---------------------------------------------------------------------------------------------
+# document tables (docs/kernel.md §3): the padded ids and each block's walk bounds, in one launch
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def _max_combine(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
+def _search(A, x, n, steps, RIGHT: tl.constexpr):
+    # per element of x: how many of the n nondecreasing values A[0..n) are < x (RIGHT: <= x), a binary search of
+    # `steps` >= log2(n + 1) halvings (torch.searchsorted's left and right sides)
+    lo = tl.zeros(x.shape, tl.int32)
+    hi = tl.zeros(x.shape, tl.int32) + n
+    for _ in range(steps):
+        active = lo < hi
+        mid = (lo + hi) // 2
+        a = tl.load(A + mid, mask=active, other=0)
+        if RIGHT:
+            below = a <= x
+        else:
+            below = a < x
+        lo = tl.where(active & below, mid + 1, lo)
+        hi = tl.where(active & ~below, mid, hi)
+    return lo
+
+
+@triton.jit
+def _fpa_segment_tables_kernel(IDS, s_ib, s_it, SEGP, STATS, JLO, IHI, T, Tp, nB, steps,
+                               BS: tl.constexpr, CB: tl.constexpr):
+    # One program per sequence b. SEGP (B, Tp) int32: the ids, padding repeating the last one; STATS (B, 4, nB) int32
+    # scratch: block minima, block maxima, the running max of the maxima, the suffix min of the minima. Then
+    # jlo[I] = #{J : runmax[J] < min_I} and ihi[J] = #{I : sufmin[I] <= max_J} - 1 (fused.segment_tables_reference).
+    b = tl.program_id(0)
+    u = tl.arange(0, BS)
+    chunk = tl.arange(0, CB)
+    stats = STATS + b * 4 * nB
+    last = tl.load(IDS + b * s_ib + (T - 1) * s_it).to(tl.int32)
+    run_max = tl.full([], -2147483648, tl.int32)
+    for c0 in range(0, nB, CB):
+        blk = c0 + chunk
+        blk_ok = blk < nB
+        pos = blk[:, None] * BS + u[None, :]  # (CB, BS)
+        ids = tl.load(IDS + b * s_ib + pos * s_it, mask=blk_ok[:, None] & (pos < T), other=0).to(tl.int32)
+        ids = tl.where(pos < T, ids, last)
+        tl.store(SEGP + b * Tp + pos, ids, mask=blk_ok[:, None])
+        bmin = tl.where(blk_ok, tl.min(ids, axis=1), 2147483647)
+        bmax = tl.where(blk_ok, tl.max(ids, axis=1), -2147483648)
+        tl.store(stats + blk, bmin, mask=blk_ok)
+        tl.store(stats + nB + blk, bmax, mask=blk_ok)
+        tl.store(stats + 2 * nB + blk, tl.maximum(tl.associative_scan(bmax, 0, _max_combine), run_max), mask=blk_ok)
+        run_max = tl.maximum(run_max, tl.max(bmax, axis=0))
+    tl.debug_barrier()
+    suf_min = tl.full([], 2147483647, tl.int32)
+    for c in range(0, tl.cdiv(nB, CB)):
+        blk = (tl.cdiv(nB, CB) - 1 - c) * CB + chunk
+        blk_ok = blk < nB
+        bmin = tl.load(stats + blk, mask=blk_ok, other=2147483647)
+        scan = tl.associative_scan(bmin, 0, _min_combine, reverse=True)
+        tl.store(stats + 3 * nB + blk, tl.minimum(scan, suf_min), mask=blk_ok)
+        suf_min = tl.minimum(suf_min, tl.min(bmin, axis=0))
+    tl.debug_barrier()
+    for c0 in range(0, nB, CB):
+        blk = c0 + chunk
+        blk_ok = blk < nB
+        bmin = tl.load(stats + blk, mask=blk_ok, other=0)
+        bmax = tl.load(stats + nB + blk, mask=blk_ok, other=0)
+        tl.store(JLO + b * nB + blk, _search(stats + 2 * nB, bmin, nB, steps, False), mask=blk_ok)
+        tl.store(IHI + b * nB + blk, _search(stats + 3 * nB, bmax, nB, steps, True) - 1, mask=blk_ok)
+
+
 @triton.jit
 def _keep_tile(kvec, psi, mid, phi_start, pre_i, psi_i, beta, threshold,
                QLEVEL: tl.constexpr, DIPSUM: tl.constexpr):

@@ -333,6 +333,22 @@ def test_walk_bounds_of_documents():
     assert jlo.tolist() == [[0, 0, 1, 3]] and ihi.tolist() == [[1, 2, 2, 3]]
 
 
+@pytest.mark.parametrize("kind", ["any", "packed", "one document", "int64 beyond int32"])
+def test_segment_tables_kernel_equals_its_reference(kind):
+    # the one-launch tables against segment_tables_reference: padded ids and both walk bounds, exactly, for ids of
+    # any order (the bounds hold for any ids), packed documents, one document, and int64 ids that int32 truncates
+    gen = torch.Generator().manual_seed(5)
+    for B, T, BS in ((2, 37, 16), (1, 1, 16), (3, 333, 4)):
+        nB = -(-T // BS)
+        ids = {"any": lambda: torch.randint(0, 5, (B, T), generator=gen),
+               "packed": lambda: (torch.rand(B, T, generator=gen) < 0.05).long().cumsum(1),
+               "one document": lambda: torch.zeros(B, T, dtype=torch.long),
+               "int64 beyond int32": lambda: torch.randint(-2**40, 2**40, (B, T), generator=gen)}[kind]().to(DEV)
+        reference = fused_mod.segment_tables_reference(ids, BS, nB)
+        for name, want, got in zip(("ids", "jlo", "ihi"), reference, fused_mod._segment_tables(ids, BS, nB)):
+            assert got.dtype == want.dtype and torch.equal(got, want), (B, T, name)
+
+
 def test_value_errors():
     check_common_value_errors(FPA)
     inputs, _ = make_inputs(1, 8, 2, 16)

@@ -97,6 +97,10 @@ SOURCES = {
     "dip6000": ("benchmarks/results/probes/cpu_2026-12-05_dip_depth_6000/probes.json", "CPU"),
     "dipdata1": ("benchmarks/results/probes/cpu_2026-12-05_dip_depth_data_seed1/probes.json", "CPU"),
     "dip1data1": ("benchmarks/results/probes/cpu_2026-12-05_dip_depth_duration1_data_seed1/probes.json", "CPU"),
+    # the label split of every probe that defines a label-determining part; the summary's label-split lines read it
+    "label": ("benchmarks/results/probes/h100_2026-12-06_label_split/probes.json", "H100"),
+    # the CPU's label-split runs of 2026-12-05, which it repeats (within two seeds a row): no line reads them, but
+    # their tests stay in the family, which is every committed test
     "ladderlabel": ("benchmarks/results/probes/cpu_2026-12-05_ladder_label/probes.json", "CPU"),
     "unnamedlabel": ("benchmarks/results/probes/cpu_2026-12-05_unnamed_ladder_label/probes.json", "CPU"),
     "diplabel": ("benchmarks/results/probes/cpu_2026-12-05_dip_depth_label/probes.json", "CPU"),
@@ -112,7 +116,8 @@ SOURCES = {
     "mqarsalt1": ("benchmarks/results/probes/cpu_2026-12-06_mqar_salt1/probes.json", "CPU"),
     "r18": ("benchmarks/results/probes/cpu_2026-12-06_unnamed_ladder_r18_widths/probes.json", "CPU"),
 }
-"""Every committed result file whose rows the summary reads: key -> (path from the repository root, device)."""
+"""Every committed result file with sign tests (the Holm family is all of them), each read by lines of the summary but
+the CPU's label-split files: key -> (path from the repository root, device)."""
 
 
 @dataclass(frozen=True)
@@ -147,9 +152,10 @@ class Line:
     """The device cell where it is not the source's (a merged file whose rows ran on two machines)."""
 
 
-PENDING_MQAR_512 = ('python eval.py --task probes --device cuda --devices cuda:0 cuda:1 --workers 4 --groups "mqar, '
-                    'paper regime, 2 layers, 64 pairs, T=512" --backends sdpa --seeds 4 --steps 12000 --lr 0.01 0.003 '
-                    '--out DIR')
+PENDING_MQAR_512 = ('python eval.py --task probes --device cuda --workers 4 --groups "mqar, paper regime, 2 layers, '
+                    '64 pairs, T=512" --steps 9000 --backends sdpa --seed 0 --seeds 4 --out DIR')
+"""The first call of the T = 512 regime's 15-seed rows at the calibrated budget: a few seeds of one backend a call, each
+later call with `--merge` of the earlier folders (docs/probes.md, "Runs to make")."""
 
 
 def ladder_groups(named: str, unnamed: str) -> list[tuple[str, str]]:
@@ -162,19 +168,18 @@ def ladder_groups(named: str, unnamed: str) -> list[tuple[str, str]]:
 
 
 LABEL_NOTE = "held-out parts never in the pool, on which the hand-set FPA head is exact (\"Training, held-out sets\")"
+LABEL_FIXED_NOTE = "label split; unlike the sequence split's, its held-out part holds every class"
 LABEL_SPLIT_LINES = [
-    Line(group, source, title=f"{group}, label split",
-         note=note or (LABEL_NOTE if i == 0 else "label split, as above"))
-    for i, (group, source, note) in enumerate(
-        [(group, source, "") for group, source in ladder_groups("ladderlabel", "unnamedlabel")]
-        + [(f"multi-dip ladder, d=4, r={r}", "multidiplabel", "") for r in (10, 14, 18)]
-        + [("dip duration, variable", "durationlabel", ""),
-           ("dip duration, fixed", "durationlabel", "label split; unlike the sequence split's, its held-out part holds "
-                                                    "every class")]
-        + [("dip depth, durations 1-2", "diplabel", ""), ("dip depth, duration 1", "diplabel", "")]
-        + [("two families, 2 heads of d=2", "walkslabel", ""), ("push/pop", "walkslabel", "")])]
+    Line(group, "label", title=f"{group}, label split",
+         note=LABEL_NOTE if i == 0 else LABEL_FIXED_NOTE if group == "dip duration, fixed" else "label split, as above")
+    for i, group in enumerate(
+        [group for group, _ in ladder_groups("label", "label")]
+        + [f"multi-dip ladder, d=4, r={r}" for r in (10, 14, 18)]
+        + ["dip duration, variable", "dip duration, fixed", "dip depth, durations 1-2", "dip depth, duration 1",
+           "two families, 2 heads of d=2", "push/pop"])]
 """The rows under the label split (issue #45, item 4) of the ladders, the multi-dip ladder, dip_duration, dip_depth,
-two_families and push_pop, after their sequence-split lines."""
+two_families and push_pop, after their sequence-split lines: one run on the GPU (the same commands on the CPU gave
+every row within two seeds, docs/probes.md "Status: what ran where")."""
 
 SALT_LINES = [
     Line(group, source, title=f"{group}, salt 1",
@@ -257,10 +262,12 @@ LINES = [
     Line("mqar, paper regime, 3 layers, 32 pairs, T=256", "mqar"),
     Line("mqar, paper regime, 4 layers, 32 pairs, T=256", "mqar"),
     Line("mqar, paper regime, 2 layers, 64 pairs, T=512", "mqar", untestable="softmax recalls on 2/15 in 3000 steps, "
-         "13 seeds at chance: the row measures the budget"),
-    Line("mqar, paper regime, 2 layers, 64 pairs, T=512: calibration", pending=PENDING_MQAR_512,
-         pending_note="softmax alone, 4 seeds; if its seeds stay at chance, the regime is dropped",
-         paper="softmax 15/15"),
+         "13 seeds at chance: the row measures the budget (the schedule: next line)"),
+    Line("mqar, paper regime, 2 layers, 64 pairs, T=512", pending=PENDING_MQAR_512,
+         title="mqar, paper regime, 2 layers, 64 pairs, T=512, 9000 steps",
+         pending_note="calibrated on an H100: softmax 2/2 seeds at lr 0.01 and 0.003, below 0.01 loss by step 900 and "
+         "1350; a 2-seed pilot of no layer-1 bias stayed at chance; \"Runs to make\", 2",
+         paper="FPA 0/15; no layer-1 bias 15/15; softmax 15/15"),
 ]
 
 

@@ -37,3 +37,24 @@ def test_a_tree_runs_its_own_package_and_a_changed_one_is_told_apart(tmp_path):
     (row,) = same_numbers.compare(repo, other)
     assert row[0] == "dense" and "same" not in row[1:4]  # the output, dq and dk follow the scale
     assert all(float(cell) > 0 for cell in row[1:] if cell != "same")
+
+
+def test_the_deep_variant_has_tiles_whose_probabilities_all_underflow():
+    """"deep" exists to exercise tiles of exact zeros: at the interpreter's shape and block size (16), some
+    off-diagonal tiles have every probability below 2^-126 (flushed to 0 on the GPU), the default walk none."""
+    from fpa_lightning.ops.fpa.naive import fpa_bias
+
+    def underflowing_tiles(name):
+        q, k, v, do, phi, psi, beta, _ = same_numbers.seeded_inputs(name, "cpu")
+        B, T, H, D = same_numbers.shape("cpu")
+        logits = torch.einsum("bthd,bshd->bhts", q.double(), k.double()) / D**0.5
+        logits = logits + fpa_bias(phi.double(), psi.double(), beta.double())
+        log2_p = (logits - logits.logsumexp(-1, keepdim=True)) / torch.log(torch.tensor(2.0, dtype=torch.float64))
+        count = 0
+        for i in range(0, T, 16):
+            for j in range(0, i, 16):  # off-diagonal tiles only (j < i)
+                count += int((log2_p[..., i:i + 16, j:j + 16] < -126).all(-1).all(-1).sum())
+        return count
+
+    assert underflowing_tiles("deep") > 0
+    assert underflowing_tiles("dense") == 0

@@ -23,8 +23,36 @@ import tempfile
 TENSORS = ("out", "dq", "dk", "dv", "dphi", "dpsi", "dbeta")
 VARIANTS = {  # fpa_attention keyword arguments of each variant (documents are added by `run_tree`)
     "dense": {}, "skip": {"skip_threshold": -3.0}, "query": {"level": "query"}, "dipsum": {"reduction": "dipsum"},
-    "docs": {},
+    "docs": {}, "deep": {},
 }
+DRIFT = {"deep": -4.0}
+"""The walks' drift a token where it is not benchmarks/attention.py's -0.02: "deep" is the dense variant on a steep
+walk, so that far tiles' probabilities all underflow to 0 (the tiles an exact zero check may pass over)."""
+
+
+def shape(device: str) -> tuple[int, int, int, int]:
+    """(B, T, H, D) of the comparison: benchmark-like on the GPU, small and odd through the interpreter."""
+    return (2, 2048, 12, 64) if device == "cuda" else (1, 77, 2, 16)
+
+
+def seeded_inputs(name: str, device: str):
+    """A variant's seeded inputs: q, k, v, dO, phi, psi, beta and its fpa_attention keyword arguments."""
+    import torch
+
+    B, T, H, D = shape(device)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    gen = torch.Generator().manual_seed(0)
+    q, k, v, do = (torch.randn(B, T, H, D, generator=gen) for _ in range(4))
+    walk = (DRIFT.get(name, -0.02) + 0.3 * torch.randn(B, T, H, generator=gen)).cumsum(1)  # attention.py's walks
+    phi = walk + 0.5 * torch.randn(B, T, H, generator=gen)
+    psi = walk + 0.5 * torch.randn(B, T, H, generator=gen)
+    beta = 0.5 + torch.rand(H, generator=gen)
+    q, k, v, do = (x.to(device, dtype) for x in (q, k, v, do))
+    phi, psi, beta = (x.to(device) for x in (phi, psi, beta))
+    kwargs = dict(VARIANTS[name])
+    if name == "docs":  # documents of T // 3 positions (the last one shorter)
+        kwargs["segment_ids"] = (torch.arange(T, device=device) // (T // 3 + 1)).expand(B, T).contiguous()
+    return q, k, v, do, phi, psi, beta, kwargs
 
 
 def run_tree(variants: list[str], device: str, out: str) -> None:
@@ -33,22 +61,9 @@ def run_tree(variants: list[str], device: str, out: str) -> None:
 
     from fpa_lightning.ops.fpa.fused import fpa_attention
 
-    gpu = device == "cuda"
-    B, T, H, D = (2, 2048, 12, 64) if gpu else (1, 77, 2, 16)
-    dtype = torch.bfloat16 if gpu else torch.float32
     results = {}
     for name in variants:
-        gen = torch.Generator().manual_seed(0)
-        q, k, v, do = (torch.randn(B, T, H, D, generator=gen) for _ in range(4))
-        walk = (-0.02 + 0.3 * torch.randn(B, T, H, generator=gen)).cumsum(1)  # benchmarks/attention.py's walks
-        phi = walk + 0.5 * torch.randn(B, T, H, generator=gen)
-        psi = walk + 0.5 * torch.randn(B, T, H, generator=gen)
-        beta = 0.5 + torch.rand(H, generator=gen)
-        q, k, v, do = (x.to(device, dtype) for x in (q, k, v, do))
-        phi, psi, beta = (x.to(device) for x in (phi, psi, beta))
-        kwargs = dict(VARIANTS[name])
-        if name == "docs":  # documents of T // 3 positions (the last one shorter)
-            kwargs["segment_ids"] = (torch.arange(T, device=device) // (T // 3 + 1)).expand(B, T).contiguous()
+        q, k, v, do, phi, psi, beta, kwargs = seeded_inputs(name, device)
         inputs = [x.requires_grad_() for x in (q, k, v, phi, psi, beta)]
         o = fpa_attention(*inputs, **kwargs)
         o.backward(do)

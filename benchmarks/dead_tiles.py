@@ -1,11 +1,13 @@
 """How many of FPA's off-diagonal tiles have every probability below the GPU's exp2 underflow (CPU, no kernel).
 
-    python benchmarks/dead_tiles.py [--lengths 2048 4096 8192 16384] [--heads 1] [--block 64] [--out FILE.json]
+    python benchmarks/dead_tiles.py [--lengths 2048 4096 8192 16384] [--heads 1] [--block 64] [--fields walks|alibi]
+                                    [--out FILE.json]
 
 On `benchmarks/attention.py`'s inputs (random q and k, D = 64, realistic walks, β = 1), per length: the off-diagonal
 (query block I, key block J < I) tiles of `--block` rows and columns whose every log2-probability log2 p[t, s] =
 (logit − logsumexp) / ln 2 is below −126, the float32 value under which the GPU's exp2 (flushing subnormals) gives
-exactly 0. Such a tile has dS = 0 and adds nothing to any gradient, so an exact check in the backward may pass over
+exactly 0. `--fields alibi` takes instead the fields a fresh FPA model starts with (FpaBackend's init: φ = ψ =
+−m_h·t with ALiBi's slopes for `--heads` heads, so the bias is −m_h·(t − s)), with the same random q and k. Such a tile has dS = 0 and adds nothing to any gradient, so an exact check in the backward may pass over
 it (benchmarks/candidates/README.md). Logits and bias are float64 (the
 bias from the definition of docs/method.md: β·min(0, min over (s, t] of φ − ψ_s)), one query block at a time, so
 memory stays at a block's rows.
@@ -31,6 +33,14 @@ def walks(T: int, H: int, gen: torch.Generator, drift=-0.02, noise=0.3, offset=0
     W = (drift + noise * torch.randn(T, H, generator=gen, dtype=torch.float64)).cumsum(0)
     return (W + offset * torch.randn(T, H, generator=gen, dtype=torch.float64),
             W + offset * torch.randn(T, H, generator=gen, dtype=torch.float64))
+
+
+def alibi_fields(T: int, H: int):
+    """A fresh FPA model's fields: phi = psi = -m_h * t with ALiBi's slopes, (T, H) float64 each."""
+    from fpa_lightning.ops.fox.alibi import alibi_slopes
+
+    phi = -torch.arange(T, dtype=torch.float64)[:, None] * alibi_slopes(H).double()[None, :]
+    return phi, phi.clone()
 
 
 def block_log2_probs(q, k, phi, psi, beta: float, rows: slice) -> torch.Tensor:
@@ -66,6 +76,7 @@ def main(argv=None) -> int:
     ap.add_argument("--block", type=int, default=64)
     ap.add_argument("--D", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--fields", choices=("walks", "alibi"), default="walks")
     ap.add_argument("--out", default="")
     args = ap.parse_args(argv)
     rows = []
@@ -74,19 +85,21 @@ def main(argv=None) -> int:
             ap.error(f"length {T} is not a multiple of --block {args.block}")
         gen = torch.Generator().manual_seed(args.seed)
         q, k = (torch.randn(T, args.heads, args.D, generator=gen, dtype=torch.float64) for _ in range(2))
-        phi, psi = walks(T, args.heads, gen)
+        phi, psi = walks(T, args.heads, gen) if args.fields == "walks" else alibi_fields(T, args.heads)
         start = time.time()
         dead = total = 0
         for h in range(args.heads):
             d, n = count_dead_tiles(q[:, h], k[:, h], phi[:, h], psi[:, h], 1.0, args.block)
             dead, total = dead + d, total + n
-        rows.append({"T": T, "heads": args.heads, "dead_tiles": dead, "off_diagonal_tiles": total,
+        rows.append({"T": T, "heads": args.heads, "fields": args.fields, "dead_tiles": dead, "off_diagonal_tiles": total,
                      "fraction": round(dead / total, 4), "seconds": round(time.time() - start, 1)})
         print(f"T = {T}: {dead} of {total} off-diagonal tiles dead ({dead / total:.1%}), {rows[-1]['seconds']} s",
               flush=True)
     if args.out:
+        fields = ("benchmarks/attention.py's walks" if args.fields == "walks"
+                  else "a fresh FPA model's fields (ALiBi: phi = psi = -m_h t)")
         record = {"what": "off-diagonal FPA tiles whose every probability underflows the GPU's exp2 (log2 p < -126), "
-                          "on benchmarks/attention.py's walks (beta = 1)",
+                          f"on {fields} (beta = 1)",
                   "command": "python benchmarks/dead_tiles.py " + " ".join(sys.argv[1:] if argv is None else argv),
                   "machine": f"{platform.machine()} CPU, {torch.get_num_threads()} threads",
                   "versions": {"torch": torch.__version__, "python": platform.python_version()},

@@ -57,3 +57,15 @@ def test_main_writes_a_record(tmp_path):
     assert {"what", "command", "machine", "versions", "date"} <= set(record)
     (row,) = record["rows"]
     assert row["T"] == 128 and row["off_diagonal_tiles"] == 6 and 0 <= row["dead_tiles"] <= 6
+
+
+def test_alibi_fields_give_alibi_bias():
+    """--fields alibi: the fresh model's fields make the bias -m_h * (t - s), head by head."""
+    from fpa_lightning.ops.fox.alibi import alibi_slopes
+
+    phi, psi = dead_tiles.alibi_fields(9, 3)
+    bias = fpa_bias(phi[None], psi[None], torch.ones(3, dtype=torch.float64))[0]  # (H, T, T)
+    t = torch.arange(9, dtype=torch.float64)
+    want = -alibi_slopes(3).double()[:, None, None] * (t[:, None] - t[None, :])
+    causal = t[:, None] >= t[None, :]
+    assert torch.allclose(bias[:, causal], want[:, causal], rtol=0, atol=1e-12)

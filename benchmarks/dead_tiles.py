@@ -6,11 +6,11 @@
 On `benchmarks/attention.py`'s inputs (random q and k, D = 64, realistic walks, β = 1), per length: the off-diagonal
 (query block I, key block J < I) tiles of `--block` rows and columns whose every log2-probability log2 p[t, s] =
 (logit − logsumexp) / ln 2 is below −126, the float32 value under which the GPU's exp2 (flushing subnormals) gives
-exactly 0. `--fields alibi` takes instead the fields a fresh FPA model starts with (FpaBackend's init: φ = ψ =
-−m_h·t with ALiBi's slopes for `--heads` heads, so the bias is −m_h·(t − s)), with the same random q and k. Such a tile has dS = 0 and adds nothing to any gradient, so an exact check in the backward may pass over
-it (benchmarks/candidates/README.md). Logits and bias are float64 (the
-bias from the definition of docs/method.md: β·min(0, min over (s, t] of φ − ψ_s)), one query block at a time, so
-memory stays at a block's rows.
+exactly 0. Such a tile has dS = 0 and adds nothing to any gradient, so an exact check in the backward may pass over it
+(benchmarks/candidates/README.md). `--fields alibi` takes instead the fields a fresh FPA model starts with
+(FpaBackend's init: φ = ψ = −m_h·t with ALiBi's slopes for `--heads` heads, so the bias is −m_h·(t − s)), with the
+same random q and k. Logits and bias are float64 (the bias from the definition of docs/method.md: β·min(0, min over
+(s, t] of φ − ψ_s)), one query block at a time, so memory stays at a block's rows.
 """
 from __future__ import annotations
 

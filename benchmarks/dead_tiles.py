@@ -58,11 +58,11 @@ def block_log2_probs(q, k, phi, psi, beta: float, rows: slice) -> torch.Tensor:
 
 
 def count_dead_tiles(q, k, phi, psi, beta: float, block: int) -> tuple[int, int]:
-    """(dead, off-diagonal) tile counts of one head; T a multiple of `block`."""
+    """(dead, off-diagonal) tile counts of one head; the last query block may be partial (as a kernel's is)."""
     T = q.shape[0]
     dead = total = 0
-    for I in range(T // block):
-        log2_p = block_log2_probs(q, k, phi, psi, beta, slice(I * block, (I + 1) * block))
+    for I in range(-(-T // block)):
+        log2_p = block_log2_probs(q, k, phi, psi, beta, slice(I * block, min((I + 1) * block, T)))
         for J in range(I):
             total += 1
             dead += bool((log2_p[:, J * block:(J + 1) * block] < UNDERFLOW_LOG2).all())

@@ -6,6 +6,7 @@ import shutil
 import sys
 
 import torch
+from _benchmark_scripts import load_benchmark
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks" / "candidates"))
@@ -41,20 +42,16 @@ def test_a_tree_runs_its_own_package_and_a_changed_one_is_told_apart(tmp_path):
 
 def test_the_deep_variant_has_tiles_whose_probabilities_all_underflow():
     """"deep" exists to exercise tiles of exact zeros: at the interpreter's shape and block size (16), some
-    off-diagonal tiles have every probability below 2^-126 (flushed to 0 on the GPU), the default walk none."""
-    from fpa_lightning.ops.fpa.naive import fpa_bias
+    off-diagonal tiles have every probability below 2^-126 (flushed to 0 on the GPU), the default walk none
+    (counted by benchmarks/dead_tiles.py, whose count tests/test_dead_tiles_benchmark.py checks)."""
+    dead_tiles = load_benchmark("dead_tiles")
 
     def underflowing_tiles(name):
-        q, k, v, do, phi, psi, beta, _ = same_numbers.seeded_inputs(name, "cpu")
-        B, T, H, D = same_numbers.shape("cpu")
-        logits = torch.einsum("bthd,bshd->bhts", q.double(), k.double()) / D**0.5
-        logits = logits + fpa_bias(phi.double(), psi.double(), beta.double())
-        log2_p = (logits - logits.logsumexp(-1, keepdim=True)) / torch.log(torch.tensor(2.0, dtype=torch.float64))
-        count = 0
-        for i in range(0, T, 16):
-            for j in range(0, i, 16):  # off-diagonal tiles only (j < i)
-                count += int((log2_p[..., i:i + 16, j:j + 16] < -126).all(-1).all(-1).sum())
-        return count
+        q, k, _, _, phi, psi, beta, _ = (x.double() if torch.is_tensor(x) else x
+                                         for x in same_numbers.seeded_inputs(name, "cpu"))
+        B, _, H, _ = same_numbers.shape("cpu")
+        return sum(dead_tiles.count_dead_tiles(q[b, :, h], k[b, :, h], phi[b, :, h], psi[b, :, h], beta[h].item(),
+                                               16)[0] for b in range(B) for h in range(H))
 
     assert underflowing_tiles("deep") > 0
     assert underflowing_tiles("dense") == 0

@@ -44,6 +44,11 @@ def test_the_count_is_a_brute_force_count():
     dead, total = dead_tiles.count_dead_tiles(q, k, phi, psi, 1.0, 16)
     assert (dead, total) == (brute, 3)
     assert dead > 0  # the steep walk makes the far tile dead; a shallow one makes none
+    q, k, phi, psi = steep_inputs(T=40)  # a partial last query block (8 rows), as a kernel's
+    full = full_log2_probs(q, k, phi, psi, 1.0)
+    brute = sum(bool((full[i:i + 16, j:j + 16] < dead_tiles.UNDERFLOW_LOG2).all())
+                for i in range(0, 40, 16) for j in range(0, i, 16))
+    assert dead_tiles.count_dead_tiles(q, k, phi, psi, 1.0, 16) == (brute, 3) and brute > 0
     q, k, phi, psi = steep_inputs(drift=-0.02)
     assert dead_tiles.count_dead_tiles(q, k, phi, psi, 1.0, 16) == (0, 3)
 

@@ -38,16 +38,19 @@ def _min_combine(a, b):
 
 @triton.jit
 def _minsum_combine(m1, z1, m2, z2):
-    # (m, z) represents sum_u exp(m - phi_u) with m = min phi_u: a stable running soft sum.
-    m = tl.minimum(m1, m2)
-    return m, z1 * tl.exp(m - m1) + z2 * tl.exp(m - m2)
+    # (m, z) represents sum_u exp(m - phi_u) with m = min phi_u: a stable running soft sum. One exponential: the
+    # side that holds the minimum keeps its z as it is (its factor exp(0) is 1), the other is scaled.
+    first = m1 <= m2
+    e = tl.exp(-tl.abs(m1 - m2))
+    return tl.minimum(m1, m2), tl.where(first, z1 + z2 * e, z1 * e + z2)
 
 
 @triton.jit
 def _maxsum_combine(r1, w1, r2, w2):
-    # (r, w) represents sum_t x_t exp(M_t) as w * exp(r) with r = max M_t.
-    r = tl.maximum(r1, r2)
-    return r, w1 * tl.exp(r1 - r) + w2 * tl.exp(r2 - r)
+    # (r, w) represents sum_t x_t exp(M_t) as w * exp(r) with r = max M_t; one exponential, as in _minsum_combine.
+    first = r1 >= r2
+    e = tl.exp(-tl.abs(r1 - r2))
+    return tl.maximum(r1, r2), tl.where(first, w1 + w2 * e, w1 * e + w2)
 
 
 @triton.jit

@@ -153,9 +153,10 @@ class Line:
 
 
 PENDING_MQAR_512 = ('python eval.py --task probes --device cuda --workers 4 --groups "mqar, paper regime, 2 layers, '
-                    '64 pairs, T=512" --steps 9000 --backends sdpa --seed 0 --seeds 4 --out DIR')
-"""The first call of the T = 512 regime's 15-seed rows at the calibrated budget: a few seeds of one backend a call, each
-later call with `--merge` of the earlier folders (docs/probes.md, "Runs to make")."""
+                    '64 pairs, T=512" --steps 9000 --lr 0.003 --backends sdpa --seed 4 --seeds 4 --out DIR')
+"""The next call of the T = 512 regime: softmax at the lower rate on seeds 4-7, two of which stayed at chance at lr
+0.01; then seeds 0-3, and the 15-seed rows at whichever rate recalls on every seed, a few seeds of one backend a
+call, each later call with `--merge` of the earlier folders (docs/probes.md, "Runs to make")."""
 
 
 def ladder_groups(named: str, unnamed: str) -> list[tuple[str, str]]:
@@ -265,8 +266,8 @@ LINES = [
          "13 seeds at chance: the row measures the budget (the schedule: next line)"),
     Line("mqar, paper regime, 2 layers, 64 pairs, T=512", pending=PENDING_MQAR_512,
          title="mqar, paper regime, 2 layers, 64 pairs, T=512, 9000 steps",
-         pending_note="calibrated on an H100: softmax 2/2 seeds at lr 0.01 and 0.003, below 0.01 loss by step 900 and "
-         "1350; a 2-seed pilot of no layer-1 bias stayed at chance; \"Runs to make\", 2",
+         pending_note="softmax at lr 0.01, 9000 steps, H100: 5/8 seeds, the other 3 at chance all run, so the rate is "
+         "calibrated first; a 2-seed pilot of no layer-1 bias stayed at chance; \"Runs to make\", 2",
          paper="FPA 0/15; no layer-1 bias 15/15; softmax 15/15"),
 ]
 

@@ -1,11 +1,13 @@
 """Offline compile statistics of the fused FPA kernels: registers, spills and SASS loop counts, no GPU needed.
 
-    python benchmarks/kernel_offline.py [--variants dense,skip,query,dipsum,segments] [--D 64] [--sass DIR]
+    python benchmarks/kernel_offline.py [--variants dense,skip,query,dipsum,segments] [--D 64] [--sass DIR] [--mix]
 
 Each kernel is compiled for sm_90a (H100/H200) with the launch configuration and constexprs that `fused.py`
 would use for 1×16384, H = 12, and reported as: registers per thread, spill stores/loads (bytes, from `ptxas -v`),
 and for every loop of the SASS (the range of a backward branch): instructions per warp per iteration, MUFU
-(special functions), BAR (barriers), local-memory ops (spill traffic) and HGMMA (tensor-core) instructions.
+(special functions), BAR (barriers), local-memory ops (spill traffic) and HGMMA (tensor-core) instructions;
+`--mix` adds each loop's instruction mix by unit (FP32, MUFU, tensor cores, shuffles, shared and global
+memory, barriers, conversions, other).
 The GPU machine runs Triton 3.6, so run this with Triton 3.6 to compare with its SASS: e.g. a scratch venv,
 `python3 -m venv /tmp/t36 && /tmp/t36/bin/pip install triton==3.6.0`, with the project's torch importable
 (a .pth file that points at the main venv's site-packages). Numbers from different Triton versions are not
@@ -20,7 +22,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-os.environ.pop("TRITON_INTERPRET", None)
+if __name__ == "__main__":  # compiled, never interpreted; imported by a test, it leaves the environment alone
+    os.environ.pop("TRITON_INTERPRET", None)
 
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
@@ -133,8 +136,33 @@ def sass_loops(sass: str) -> list[dict]:
             "bar": sum(re.search(r"\bBAR\b", t) is not None for t in body),
             "local": sum(re.search(r"\b(LDL|STL)\b", t) is not None for t in body),
             "hgmma": sum("HGMMA" in t for t in body),
+            "mix": instruction_mix(body),
         })
     return sorted(loops, key=lambda r: -r["instructions"])
+
+
+# What an instruction's opcode (before the first dot) spends: the FP32 pipe, the special-function unit, tensor
+# cores, cross-lane shuffles, shared memory, global memory, barriers, conversions; anything else is "other"
+# (integer and address arithmetic, moves, branches, uniform-datapath work).
+MIX_CLASSES = {
+    "fp32": {"FADD", "FMUL", "FFMA", "FMNMX", "FSEL", "FSETP", "FCHK"},
+    "mufu": {"MUFU"},
+    "hgmma": {"HGMMA", "WARPGROUP"},
+    "shfl": {"SHFL"},
+    "shared": {"LDS", "STS", "LDSM", "STSM"},
+    "global": {"LDG", "STG", "LDGSTS", "LDGDEPBAR", "DEPBAR", "RED", "ATOM", "ATOMG", "REDG", "UBLKCP", "UTMALDG"},
+    "bar": {"BAR", "SYNCS"},
+    "convert": {"F2FP", "F2F", "F2I", "I2F"},
+}
+
+
+def instruction_mix(body: list[str]) -> dict[str, int]:
+    """Counts of ``MIX_CLASSES`` over a loop's instructions (a guard predicate such as ``@!P0`` is skipped)."""
+    mix = dict.fromkeys([*MIX_CLASSES, "other"], 0)
+    for text in body:
+        opcode = re.sub(r"^@!?U?P\w+\s+", "", text).split()[0].split(".")[0]
+        mix[next((name for name, ops in MIX_CLASSES.items() if opcode in ops), "other")] += 1
+    return mix
 
 
 def variant_kernels(variant: str, D: int):
@@ -150,7 +178,10 @@ def main() -> None:
     ap.add_argument("--D", type=int, default=64)
     ap.add_argument("--kernels", default="", help="comma-separated kernel names to keep (default: all)")
     ap.add_argument("--sass", default=None, help="write each kernel's SASS into this folder")
+    ap.add_argument("--mix", action="store_true", help="then a second table: the instruction mix of each kernel's "
+                    "loops (per warp per iteration)")
     args = ap.parse_args()
+    mixes = []
     print(f"triton {triton.__version__}, sm_90a, D = {args.D}; loops: instructions / MUFU / BAR / LDL+STL / HGMMA "
           "per warp per iteration")
     print("| variant | kernel | launch | regs | spill st/ld B | loops (largest first) |")
@@ -169,6 +200,23 @@ def main() -> None:
                               for r in sass_loops(sass)[:3])
             cfg = ",".join(f"{k.replace('num_', '')}={v}" for k, v in launch.items())
             print(f"| {variant} | {name} | {cfg} | {regs} | {st}/{ld} | {loops} |", flush=True)
+            mixes += [(variant, name, loop) for loop in sass_loops(sass)[:3] if loop["instructions"] >= MIX_MIN]
+    if args.mix:
+        print_mix(mixes)
+
+
+MIX_MIN = 100
+"""Loops shorter than this (set-up and epilogue walks) get no row of the mix table."""
+
+
+def print_mix(mixes: list[tuple[str, str, dict]]) -> None:
+    """The instruction mix of each kernel's loops of the first table (largest first), a row per loop."""
+    names = [*MIX_CLASSES, "other"]
+    print(f"\ninstruction mix of the loops above of at least {MIX_MIN} instructions, per warp per iteration")
+    print("| variant | kernel | instructions | " + " | ".join(names) + " |")
+    print("|---|---|---|" + "---|" * len(names))
+    for variant, name, loop in mixes:
+        print(f"| {variant} | {name} | {loop['instructions']} | " + " | ".join(str(loop["mix"][n]) for n in names) + " |")
 
 
 if __name__ == "__main__":

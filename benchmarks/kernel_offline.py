@@ -30,6 +30,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from fpa_lightning.ops.fpa import fused, kernels  # noqa: E402
+from fpa_lightning.ops.kernel_inputs import TRITON_OPTIONS  # noqa: E402
 
 QKV_POINTERS = {"Q", "K", "V", "O", "DO", "DQ", "DK", "DV"}
 INT_POINTERS = {"SEGP", "JLO", "IHI"}
@@ -78,7 +79,7 @@ def signature(fn, constexprs: dict, T: int, H: int, D: int, BS: int) -> tuple[di
 def compile_kernel(fn, constexprs: dict, launch: dict, D: int, T: int = 16384, H: int = 12):
     sig, attrs = signature(fn, constexprs, T, H, D, constexprs["BS"])
     src = ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
-    opts = {"num_warps": launch.get("num_warps", 4), "num_stages": launch.get("num_stages", 2)}
+    opts = {"num_warps": launch.get("num_warps", 4), "num_stages": launch.get("num_stages", 2), **TRITON_OPTIONS}
     if "maxnreg" in launch:
         opts["maxnreg"] = launch["maxnreg"]
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)

@@ -19,6 +19,11 @@ QKV_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 HEAD_DIMS = (16, 32, 64, 128)
 """Head dims every Triton kernel of ops/ is built for (the attention backends refuse others for impl='fused')."""
 
+TRITON_OPTIONS = {"enable_fp_fusion": True}
+"""Compile options of every kernel launch in ops/: FMA contraction on, which Triton 3.6 and 3.9 default to and every
+measurement and tolerance of docs/kernel.md assumes. Triton 3.10 turns the default off (slower loops, other
+roundings), and 3.9 warns at every compile that leaves it unset; the interpreter ignores it."""
+
 # Test hook, for tests only: when True, every output and scratch buffer of a fused op starts as NaN (an integer one as
 # −1), so an element a kernel forgets to write (or a read of one never written) shows up in the result instead of
 # hiding behind torch.empty's leftovers.

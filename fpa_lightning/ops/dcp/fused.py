@@ -41,7 +41,7 @@ import os
 
 import torch
 
-from fpa_lightning.ops.kernel_inputs import HEAD_DIMS, cdiv, empty_output, require_triton
+from fpa_lightning.ops.kernel_inputs import HEAD_DIMS, TRITON_OPTIONS, cdiv, empty_output, require_triton
 from fpa_lightning.ops.kernel_inputs import QKV_DTYPES, check_device, check_qkv, check_scale, check_segment_ids
 from fpa_lightning.ops.selective import fused as _sel
 
@@ -93,7 +93,7 @@ def _carry_table(qi, ki, offset, T, Tp, BT, BN, QM, cx):
     cf = empty_output((B, nT, Tp), dtype=torch.float32, device=qi.device)
     load_kernels()._dcp_carry_kernel[(cdiv(T, BN), B)](
         qi, ki, offset, cf, qi.stride(0), qi.stride(1), ki.stride(0), ki.stride(1), T, Tp, nT, cx["rs"],
-        BT=BT, BN=BN, QM=QM, R=cx["R"], PREC=cx["PREC"], **_launch_cfg("carry", cx["D"]),
+        BT=BT, BN=BN, QM=QM, R=cx["R"], PREC=cx["PREC"], **_launch_cfg("carry", cx["D"]), **TRITON_OPTIONS,
     )
     return cf
 
@@ -132,7 +132,7 @@ class _DcpFunction(torch.autograd.Function):
             v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
             qi.stride(0), qi.stride(1), ki.stride(0), ki.stride(1),
             T, H, Tp, Tp // BM, cdiv(T, BN), scale, cx["rs"],
-            BM=BM, BN=BN, STORE32=store32, **_consts(cx), **_launch_cfg("fwd", D),
+            BM=BM, BN=BN, STORE32=store32, **_consts(cx), **_launch_cfg("fwd", D), **TRITON_OPTIONS,
         )
         ctx.save_for_backward(q, k, v, qi, ki, off, o32[:, :T] if store32 else o, lse)
         ctx.ids = ids
@@ -169,13 +169,14 @@ class _DcpFunction(torch.autograd.Function):
             q, k, v, qi, ki, off, do, dk, dv, lse, delta, cf, rcp, dkip, offp, ids, ihi,
             *strides, dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
             T, H, Tp, nT, H // G, scale, cx["rs"], BT=BT, BN=BN, **_consts(cx), **_launch_cfg("bwd_kv", D),
+            **TRITON_OPTIONS,
         )
         rc = rcp[:, 0] if G == 1 else rcp.sum(dim=1)  # never-written entries are never read
         load_kernels()._dcp_bwd_q_kernel[(cdiv(T, BM), B * G)](
             q, k, v, qi, ki, off, do, dq, lse, delta, cf, rc, dqip, ids, jlo_later, ihi,
             *strides, dq.stride(0), dq.stride(1), dq.stride(2),
             T, H, Tp, nT, nJ, H // G, scale, cx["rs"], BM=BM, BN=BN, RATIO=BM // BT, **_consts(cx),
-            **_launch_cfg("bwd_q", D),
+            **_launch_cfg("bwd_q", D), **TRITON_OPTIONS,
         )
         dqi = dqip.sum(dim=1)[:, :T].to(qi.dtype)
         dki = dkip.sum(dim=1)[:, :T].to(ki.dtype)

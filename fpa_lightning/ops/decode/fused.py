@@ -24,6 +24,7 @@ import functools
 import torch
 
 from fpa_lightning.ops.kernel_inputs import HEAD_DIMS, cdiv, empty_output, next_power_of_2, require_triton
+from fpa_lightning.ops.kernel_inputs import TRITON_OPTIONS
 from fpa_lightning.ops.kernel_inputs import (check_cached_qkv, check_device, check_inference_only, check_scale,
                                             env_int)
 from fpa_lightning.ops.kernel_inputs import unsupported_reason as kernel_unsupported_reason
@@ -140,11 +141,11 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: to
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), *bias_strides, *vis.stride(),
         H, n, S, chunk, splits, float(scale),
-        D=D, BLOCK_S=block, HAS_BIAS=bias is not None, **_launch_cfg("partial", D),
+        D=D, BLOCK_S=block, HAS_BIAS=bias is not None, **_launch_cfg("partial", D), **TRITON_OPTIONS,
     )
     load_kernels()._decode_attn_combine_kernel[(rows,)](
         m, l, acc, out, out.stride(0), out.stride(1), out.stride(2), H, n, splits,
-        D=D, SB=sb, **_launch_cfg("combine", D),
+        D=D, SB=sb, **_launch_cfg("combine", D), **TRITON_OPTIONS,
     )
     return out
 

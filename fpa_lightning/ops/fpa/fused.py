@@ -22,6 +22,7 @@ import torch
 
 from fpa_lightning.ops.fpa.naive import check_variant
 from fpa_lightning.ops.kernel_inputs import HEAD_DIMS, cdiv, empty_output, next_power_of_2, require_triton
+from fpa_lightning.ops.kernel_inputs import TRITON_OPTIONS
 from fpa_lightning.ops.kernel_inputs import check_device, check_qkv, check_scale, check_segment_ids, env_int
 from fpa_lightning.ops.kernel_inputs import with_env_overrides
 from fpa_lightning.ops.kernel_inputs import interpreting as _interpreting
@@ -139,7 +140,7 @@ def kernel_plan(D: int = 64, *, skip: bool = False, level: str = "key", reductio
 
 
 def _launch(name: str, grid, cx: dict, skip: bool, *args, **overrides) -> None:
-    _kernel(name)[grid](*args, **{**cx[name], **overrides}, **_launch_cfg(name, skip))
+    _kernel(name)[grid](*args, **{**cx[name], **overrides}, **_launch_cfg(name, skip), **TRITON_OPTIONS)
 
 
 def _prep(phi, psi, BS):
@@ -158,7 +159,7 @@ def _prep(phi, psi, BS):
     load_kernels()._fpa_prep_kernel[(nB, BH)](
         phi, psi, phi.stride(0), phi.stride(1), phi.stride(2),
         phip, psip, suf, zsuf, pre, zpre, asuf, bmin, zblk, minsuf,
-        T, H, Tp, nB, BS=BS, **({} if _interpreting() else {"num_warps": 1}),
+        T, H, Tp, nB, BS=BS, **({} if _interpreting() else {"num_warps": 1}), **TRITON_OPTIONS,
     )
     return (phip, psip, suf, zsuf, pre, zpre, bmin, zblk, minsuf), asuf
 
@@ -196,7 +197,8 @@ def _segment_tables(segment_ids: torch.Tensor, BS: int, nB: int):
     steps = max(1, nB.bit_length())  # binary-search halvings: 2**steps > nB
     load_kernels()._fpa_segment_tables_kernel[(B,)](
         segment_ids, segment_ids.stride(0), segment_ids.stride(1), seg, stats, bounds[0], bounds[1], T, Tp, nB, steps,
-        BS=BS, CB=min(64, max(2, next_power_of_2(nB))), **({} if _interpreting() else {"num_warps": 4}))
+        BS=BS, CB=min(64, max(2, next_power_of_2(nB))), **({} if _interpreting() else {"num_warps": 4}),
+        **TRITON_OPTIONS)
     return seg, bounds[0], bounds[1]
 
 

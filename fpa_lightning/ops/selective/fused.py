@@ -36,7 +36,7 @@ import os
 import torch
 
 from fpa_lightning.ops.common import document_first_tokens
-from fpa_lightning.ops.kernel_inputs import HEAD_DIMS, cdiv, empty_output, require_triton
+from fpa_lightning.ops.kernel_inputs import HEAD_DIMS, TRITON_OPTIONS, cdiv, empty_output, require_triton
 from fpa_lightning.ops.kernel_inputs import check_device, check_qkv, check_scale, check_segment_ids, env_int
 from fpa_lightning.ops.kernel_inputs import with_env_overrides
 from fpa_lightning.ops.kernel_inputs import interpreting as _interpreting
@@ -204,7 +204,7 @@ def _carry_table(q, k, keep, T, Tp, BT, BN, QM, scale, cx):
     cf = empty_output((B, nT, Tp), dtype=torch.float32, device=q.device)
     load_kernels()._sel_carry_kernel[(cdiv(T, BN), B)](
         q, k, cf, keep, q.stride(0), q.stride(1), k.stride(0), k.stride(1), T, Tp, nT, scale,
-        BT=BT, BN=BN, QM=QM, **cx, **launch_cfg("carry", cx["D"], "SEL"),
+        BT=BT, BN=BN, QM=QM, **cx, **launch_cfg("carry", cx["D"], "SEL"), **TRITON_OPTIONS,
     )
     return cf
 
@@ -232,7 +232,7 @@ class _SelectiveFunction(torch.autograd.Function):
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
             T, H, Tp, Tp // BM, cdiv(T, BN), scale,
-            BM=BM, BN=BN, RATIO=1, DOT=dot, **cx, **launch_cfg("fwd", cx["D"], "SEL"),
+            BM=BM, BN=BN, RATIO=1, DOT=dot, **cx, **launch_cfg("fwd", cx["D"], "SEL"), **TRITON_OPTIONS,
         )
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.documents = (ids, keep) if seg else None
@@ -266,13 +266,14 @@ class _SelectiveFunction(torch.autograd.Function):
             q, k, v, do, dk, dv, lse, delta, cf, rcp, dk0p, keep, ids, ihi,
             *strides, dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
             T, H, Tp, nT, H // G, scale, BT=BT, BN=BN, DOT=dot, **cx, **launch_cfg("bwd_kv", cx["D"], "SEL"),
+            **TRITON_OPTIONS,
         )
         rc = rcp[:, 0] if G == 1 else rcp.sum(dim=1)  # never-written entries are never read
         load_kernels()._sel_bwd_q_kernel[(cdiv(T, BM), B * G)](
             q, k, v, do, dq, lse, delta, cf, rc, dq0p, keep, ids, jlo_later, ihi,
             *strides, dq.stride(0), dq.stride(1), dq.stride(2),
             T, H, Tp, nT, nJ, H // G, scale, BM=BM, BN=BN, RATIO=BM // BT, DOT=dot, **cx,
-            **launch_cfg("bwd_q", cx["D"], "SEL"),
+            **launch_cfg("bwd_q", cx["D"], "SEL"), **TRITON_OPTIONS,
         )
         # head 0: its own gradient plus every head's gradient through F, summed over the groups
         dq[:, :, 0] = dq0p.sum(dim=1)[:, :T]

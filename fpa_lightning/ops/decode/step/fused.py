@@ -22,7 +22,7 @@ import torch
 
 from fpa_lightning.ops.decode.fused import load_kernels as load_decode_kernels
 from fpa_lightning.ops.decode.fused import plan_splits
-from fpa_lightning.ops.kernel_inputs import HEAD_DIMS, cdiv, next_power_of_2, require_triton
+from fpa_lightning.ops.kernel_inputs import HEAD_DIMS, TRITON_OPTIONS, cdiv, next_power_of_2, require_triton
 from fpa_lightning.ops.kernel_inputs import (QKV_DTYPES, check_device, check_inference_only, check_scale,
                                             env_int)
 from fpa_lightning.ops.kernel_inputs import interpreting as _interpreting
@@ -98,7 +98,7 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tens
     launch = {} if _interpreting() else {"num_warps": 8 if block >= 4096 else 4}
     load_kernels()._add_rms_norm_kernel[(x.numel() // C,)](
         x, x if delta is None else delta, weight.contiguous(), total, out, C, eps,
-        BLOCK_C=block, HAS_DELTA=delta is not None, **launch)
+        BLOCK_C=block, HAS_DELTA=delta is not None, **launch, **TRITON_OPTIONS)
     return total, out
 
 
@@ -127,7 +127,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     out = gate_up.new_empty(*gate_up.shape[:-1], width)
     block = 16 if _interpreting() else 1024
     load_kernels()._silu_mul_kernel[(gate_up.numel() // (2 * width), cdiv(width, block))](
-        gate_up, out, width, BLOCK=block)
+        gate_up, out, width, BLOCK=block, **TRITON_OPTIONS)
     return out
 
 
@@ -223,6 +223,7 @@ def store_token(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor | 
         FPA=fpa is not None, MAPS=gate_weight.shape[0] // H if fpa else 1,
         BLOCK_C=_INTERPRETER["gate"] if interpreting else min(1024, next_power_of_2(C)),
         **({} if interpreting else {"num_warps": env_int("STEP_STORE_WARPS") or (1 if append else 4)}),
+        **TRITON_OPTIONS,
     )
     return q, k, slots, phi
 
@@ -312,11 +313,11 @@ def step_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
         q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], *key_pos.stride()[:2],
         *(path_min.stride()[:2] if fpa else (0, 0)), *(level.stride()[:2] if fpa else (0, 0)),
         H, S, chunk, splits, float(scale), float(threshold) if evict else 0.0,
-        D=D, BLOCK_S=block, FPA=fpa is not None, EVICT=evict, **launch,
+        D=D, BLOCK_S=block, FPA=fpa is not None, EVICT=evict, **launch, **TRITON_OPTIONS,
     )
     load_decode_kernels()._decode_attn_combine_kernel[(rows,)](
         m, l, acc, out, out.stride(0), 0, out.stride(1), H, 1, splits,
-        D=D, SB=sb, **({} if _interpreting() else {"num_warps": 4, "num_stages": 2}),
+        D=D, SB=sb, **({} if _interpreting() else {"num_warps": 4, "num_stages": 2}), **TRITON_OPTIONS,
     )
     return out
 

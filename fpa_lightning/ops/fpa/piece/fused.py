@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from fpa_lightning.ops.common import FAR
-from fpa_lightning.ops.kernel_inputs import HEAD_DIMS, cdiv, empty_output, require_triton
+from fpa_lightning.ops.kernel_inputs import HEAD_DIMS, TRITON_OPTIONS, cdiv, empty_output, require_triton
 from fpa_lightning.ops.kernel_inputs import (check_cached_qkv, check_device, check_inference_only, check_scale,
                                             env_int)
 from fpa_lightning.ops.kernel_inputs import unsupported_reason as kernel_unsupported_reason
@@ -119,6 +119,6 @@ def fpa_piece_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_p
         out.stride(0), out.stride(1), out.stride(2),
         H, n, S, rmq.shape[1], float(scale), float(threshold),
         D=D, BLOCK_M=block_m, BLOCK_N=block_n, PREC="ieee" if q.dtype == torch.float32 else "tf32",
-        **_launch_cfg(),
+        **_launch_cfg(), **TRITON_OPTIONS,
     )
     return out, kept.view(B, H, n).long()

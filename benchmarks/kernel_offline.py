@@ -197,11 +197,11 @@ def main() -> None:
             if args.sass:
                 Path(args.sass).mkdir(parents=True, exist_ok=True)
                 Path(args.sass, f"{variant}_{name}.sass").write_text(sass)
-            loops = "; ".join(f"{r['instructions']}/{r['mufu']}/{r['bar']}/{r['local']}/{r['hgmma']}"
-                              for r in sass_loops(sass)[:3])
+            largest = sass_loops(sass)[:3]
+            loops = "; ".join(f"{r['instructions']}/{r['mufu']}/{r['bar']}/{r['local']}/{r['hgmma']}" for r in largest)
             cfg = ",".join(f"{k.replace('num_', '')}={v}" for k, v in launch.items())
             print(f"| {variant} | {name} | {cfg} | {regs} | {st}/{ld} | {loops} |", flush=True)
-            mixes += [(variant, name, loop) for loop in sass_loops(sass)[:3] if loop["instructions"] >= MIX_MIN]
+            mixes += [(variant, name, loop) for loop in largest if loop["instructions"] >= MIX_MIN]
     if args.mix:
         print_mix(mixes)
 

@@ -10,7 +10,8 @@
 #   bash benchmarks/kernel_check.sh [results folder]
 #   CANDIDATES="NAME1 NAME2" bash benchmarks/kernel_check.sh           # only these candidates (names
 #                                                       of benchmarks/candidates/*.patch; default all, "" for none)
-# The closing tables also go to RESULTS/summary.md. Every test process stops after TEST_LIMIT_S seconds (default 390):
+# The closing tables also go to RESULTS/summary.md, and every number to RESULTS/record.json
+# (benchmarks/candidates/check_record.py). Every test process stops after TEST_LIMIT_S seconds (default 390):
 # one candidate's 71 tests in a single process took 270 to 440+ s on an H100 beside the base's tests, so each group of
 # a candidate runs in its own process, as the base's do (16 cores: three candidates at once finish within the limit).
 set -uo pipefail
@@ -93,4 +94,10 @@ summary() {
 }
 echo
 summary | tee "$out/summary.md"
+# every number of the call in one file (a device call may not return every log): the record to commit
+settings=""
+for var in CANDIDATES TIME_LEFT_S AB_ROUNDS TEST_LIMIT_S CANDIDATE_METHODS; do
+    [ -n "${!var+set}" ] && settings+="$var=\"${!var}\" "
+done
+python3 benchmarks/candidates/check_record.py "$out" --command "${settings}bash benchmarks/kernel_check.sh $out" || status=1
 exit $status

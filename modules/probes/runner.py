@@ -58,10 +58,17 @@ def missing_seeds(seeds: list[int], parts: list[dict]) -> list[int]:
     return [seed for seed in seeds if seed not in done]
 
 
-CHUNK_KEYS = ("seeds", "accuracies", "final_loss", "held_out_distinct", "seconds", "device", "held_out_parts",
-              "part_overlap", "loss_curve")
-"""What a row's record keeps of each chunk of seeds trained together (``train_chunk``); the last three only where
-the chunk has them (rows recorded before they existed have not)."""
+CHUNK_KEYS = ("seeds", "accuracies", "final_loss", "held_out_distinct", "seconds", "device", "machine",
+              "held_out_parts", "part_overlap", "loss_curve")
+"""What a row's record keeps of each chunk of seeds trained together (``train_chunk``); ``machine`` and the last three
+only where the chunk has them (rows recorded before they existed have not)."""
+
+
+def device_name(device: str) -> str:
+    """The hardware behind a torch device string: the GPU's name, or "CPU". A row's seeds may be trained in chunks
+    on different machines (merged runs), so each chunk records its own."""
+    dev = torch.device(device)
+    return torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU"
 
 
 def train_chunk(group: Group, backend: str, seeds: list[int], budget: Budget, device: str, progress=None) -> dict:
@@ -70,13 +77,14 @@ def train_chunk(group: Group, backend: str, seeds: list[int], budget: Budget, de
                     test_probe=group.test_probe, impl=group.impl)
     return {"seeds": list(seeds), "accuracies": run.accuracies, "final_loss": run.final_loss,
             "held_out_distinct": run.held_out_distinct, "seconds": run.seconds, "device": device,
-            "held_out_parts": run.held_out_parts, "part_overlap": run.part_overlap, "loss_curve": run.loss_curve}
+            "machine": device_name(device), "held_out_parts": run.held_out_parts, "part_overlap": run.part_overlap, "loss_curve": run.loss_curve}
 
 
 def merge_chunks(group: Group, backend: str, seeds: list[int], budget: Budget, device: str, chunks: list[dict]) -> dict:
     """One row's record from the chunks its seeds were trained in (any order; chunks or earlier rows of seed
     ranges). ``seconds`` is their training time summed, so it means the same whether a row ran whole or split;
-    ``device`` lists the chunks' devices (`device` for a chunk that names none)."""
+    ``device`` lists the chunks' devices (`device` for a chunk that names none), ``machine`` the chunks' machines ("not
+    recorded" for a chunk from before chunks recorded it; none recorded: the row has no ``machine``)."""
     by_seed = {seed: (acc, loss) for c in chunks for seed, acc, loss in zip(c["seeds"], c["accuracies"],
                                                                            c["final_loss"])}
     curves = {seed: curve for c in chunks for seed, curve in zip(c["seeds"], c.get("loss_curve") or [])}
@@ -88,6 +96,9 @@ def merge_chunks(group: Group, backend: str, seeds: list[int], budget: Budget, d
     extra = {key: chunks[0][key] for key in ("held_out_parts", "part_overlap") if chunks[0].get(key) is not None}
     if sorted(curves) == sorted(seeds):  # every chunk recorded its curves
         extra["loss_curve"] = [curves[s] for s in seeds]
+    machines = [c.get("machine") or "not recorded" for c in chunks]
+    if any(m != "not recorded" for m in machines):
+        extra["machine"] = ", ".join(dict.fromkeys(machines))
     return {**row_identity(group, backend, seeds, budget), "probe_name": group.probe.name,
             "params": group.probe.params, "variant": variant(backend).description,
             "accuracies": accuracies, "success": success, "successes": sum(success),

@@ -108,6 +108,17 @@ def machine(device: torch.device) -> str:
     return f"CPU: {platform.processor() or platform.machine()}, {os.cpu_count()} cores (torch {torch.__version__})"
 
 
+def row_machines(rows: list[dict]) -> dict[str, int]:
+    """Rows per machine that trained them: ``machine`` is where this command ran, while merged rows (--merge, the
+    output folder's earlier files) may have trained elsewhere; rows from before rows recorded it count as "not
+    recorded"."""
+    counts: dict[str, int] = {}
+    for row in rows:
+        name = row.get("machine") or "not recorded"
+        counts[name] = counts.get(name, 0) + 1
+    return dict(sorted(counts.items()))
+
+
 def budget_knobs(args: argparse.Namespace) -> dict:
     """The ``Budget`` fields the command line sets (the steps and learning rates are swept: ``runner.sweep``)."""
     knobs = {"batch": args.train_batch, "weight_decay": args.weight_decay, "split": args.split,
@@ -143,7 +154,7 @@ def run(args: argparse.Namespace, models: list[LoadedModel], runtime: Runtime, d
         f.write(table)
     print(table)
     results = {"rows": rows, "comparisons": comps, "seeds": seeds, "budget": budget.record(),
-               "machine": machine(runtime.device)}
+               "machine": machine(runtime.device), "row_machines": row_machines(rows)}
     names = [f"probes/{r['group']}/{r['backend']}" for r in rows]
     scalars = {name + (f"/{training(r['budget'])}" if names.count(name) > 1 else ""): r["successes"] / len(r["seeds"])
                for name, r in zip(names, rows)}  # a swept row is named with its budget

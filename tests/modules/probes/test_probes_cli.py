@@ -185,6 +185,34 @@ def test_a_row_trained_in_seed_ranges_is_joined_into_the_whole_row(tmp_path, cap
     assert "0 reused from earlier results, 1 to train" in capsys.readouterr().out
 
 
+def test_each_row_names_the_machines_that_trained_its_seeds(tmp_path, capsys):
+    """A row records the machine of each chunk of its seeds, so a row joined from runs on two machines names both
+    (a chunk from before rows recorded one reads "not recorded"); the file counts its rows per machine beside the
+    machine the command ran on."""
+    one = ["--task", "probes", "--probes", "dip_duration(r=8, duration=variable, order=any)", "--backends", "fpa",
+           "--steps", "3", "--train-batch", "4"]
+    first, rest, joined = (str(tmp_path / name) for name in ("first", "rest", "joined"))
+    main([*one, "--seed", "0", "--seeds", "1", "--out", first])
+    main([*one, "--seed", "1", "--seeds", "1", "--out", rest])
+    with open(os.path.join(first, "probes.json")) as f:
+        record = json.load(f)
+    assert record["results"]["rows"][0]["machine"] == "CPU" and record["results"]["row_machines"] == {"CPU": 1}
+    record["results"]["rows"][0]["machine"] = "NVIDIA H100 80GB HBM3"  # as if seed 0 had trained on a GPU
+    with open(os.path.join(first, "probes.json"), "w") as f:
+        json.dump(record, f)
+    with open(os.path.join(rest, "probes.json")) as f:
+        old = json.load(f)
+    del old["results"]["rows"][0]["machine"]  # a row recorded before rows named their machine
+    with open(os.path.join(rest, "probes.json"), "w") as f:
+        json.dump(old, f)
+    capsys.readouterr()
+    with open(main([*one, "--seeds", "2", "--merge", first, rest, "--out", joined])) as f:
+        results = json.load(f)["results"]
+    assert results["rows"][0]["machine"] == "NVIDIA H100 80GB HBM3, not recorded"
+    assert results["row_machines"] == {"NVIDIA H100 80GB HBM3, not recorded": 1}
+    assert results["machine"].startswith("CPU")  # where this command ran, which trained nothing
+
+
 def test_seed_cover_is_exact():
     from modules.probes.runner import seed_cover
     parts = [{"seeds": [0, 1]}, {"seeds": [1, 2]}, {"seeds": [2, 3]}, {"seeds": [0]}, {"seeds": [1]}]

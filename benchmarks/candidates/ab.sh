@@ -47,14 +47,17 @@ table() {  # NAME "BASE_LOG..." "CANDIDATE_LOG...": forward and fwd+bwd ratios s
     echo "| shape | method | base fwd / flash | $1 fwd / flash | base fwd+bwd / flash | $1 fwd+bwd / flash |"
     echo "|---|---|---|---|---|---|"
     python3 - "$2" "$3" <<'PY'
-import re, sys
+import sys
+from pathlib import Path
+sys.path.insert(0, "benchmarks/candidates")
+from check_record import timing  # attention.py's table, parsed once for both tools
 def ratios(paths):  # (shape, method) -> [(fwd ms, fwd ratio, fwd+bwd ms, fwd+bwd ratio) per log]
     out = {}
     for path in paths.split():
-        for line in open(path):
-            m = re.match(r"\| (\S+) \| (\S+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \|", line)
-            if m and m.group(2) != "sdpa-flash":
-                out.setdefault((m.group(1), m.group(2)), []).append(tuple(float(g) for g in m.groups()[2:]))
+        for row in timing(Path(path))["rows"]:
+            if row["method"] != "sdpa-flash":
+                out.setdefault((row["shape"], row["method"]), []).append(
+                    (row["fwd_ms"], row["fwd_vs_flash"], row["fwd_bwd_ms"], row["fwd_bwd_vs_flash"]))
     return out
 def cell(runs, i):  # "1.81x (1.533 ms)", or over several rounds "1.81-1.85x (1.533-1.561 ms)"
     if not runs:

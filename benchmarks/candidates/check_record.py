@@ -41,17 +41,19 @@ def same_numbers(path: Path) -> list[dict]:
 
 def rounds(folder: Path) -> dict[str, list[dict]]:
     """"base" and each candidate's name -> its timing rounds in order."""
-    found: dict[str, list[tuple[int, dict]]] = {}
+    found: dict[str, list[dict]] = {}
     for path in folder.glob("timing_*.log"):
         m = ROUND_LOG.fullmatch(path.name)
         if m:
-            found.setdefault(m["name"] or "base", []).append((int(m["round"]), {"round": int(m["round"]), **timing(path)}))
-    return {name: [entry for _, entry in sorted(entries, key=lambda e: e[0])] for name, entries in sorted(found.items())}
+            found.setdefault(m["name"] or "base", []).append({"round": int(m["round"]), **timing(path)})
+    return {name: sorted(runs, key=lambda r: r["round"]) for name, runs in sorted(found.items())}
 
 
 def record(folder: Path, command: str) -> dict:
-    tests = {path.stem: (path.read_text().strip().splitlines() or [""])[-1] for path in sorted(folder.glob("tests_*.log"))}
-    attention = timing(folder / "attention.log") if (folder / "attention.log").exists() else {"gpu_line": None, "rows": []}
+    tests = {path.stem: (path.read_text().strip().splitlines() or [""])[-1]
+             for path in sorted(folder.glob("tests_*.log"))}
+    attention_log = folder / "attention.log"
+    attention = timing(attention_log) if attention_log.exists() else {"gpu_line": None, "rows": []}
     timed = rounds(folder)
     gpu_lines = [attention["gpu_line"], *(r["gpu_line"] for runs in timed.values() for r in runs)]
     gpu = next((GPU_LINE.search(line) for line in gpu_lines if line), None)

@@ -77,7 +77,8 @@ def train_chunk(group: Group, backend: str, seeds: list[int], budget: Budget, de
                     test_probe=group.test_probe, impl=group.impl)
     return {"seeds": list(seeds), "accuracies": run.accuracies, "final_loss": run.final_loss,
             "held_out_distinct": run.held_out_distinct, "seconds": run.seconds, "device": device,
-            "machine": device_name(device), "held_out_parts": run.held_out_parts, "part_overlap": run.part_overlap, "loss_curve": run.loss_curve}
+            "machine": device_name(device), "held_out_parts": run.held_out_parts, "part_overlap": run.part_overlap,
+            "loss_curve": run.loss_curve}
 
 
 def merge_chunks(group: Group, backend: str, seeds: list[int], budget: Budget, device: str, chunks: list[dict]) -> dict:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+from collections import Counter
 from dataclasses import replace
 
 import torch
@@ -26,7 +27,7 @@ from fpa_lightning.probes.model import VARIANTS
 from fpa_lightning.probes.train import SPLITS, Budget
 from modules.evaluation.tasks.common import Task, TaskOutput
 from modules.probes.report import comparison_table, curve_table, markdown_table, plot_table, training
-from modules.probes.runner import PARTIAL, comparisons, is_seed_part, load_rows, run_rows, sweep
+from modules.probes.runner import PARTIAL, comparisons, device_name, is_seed_part, load_rows, run_rows, sweep
 from modules.probes.table import GROUPS, label_split_rows, select
 
 DEFAULT_SEEDS = 15
@@ -104,7 +105,7 @@ def check(args: argparse.Namespace, models: list[LoadedModel]) -> None:
 
 def machine(device: torch.device) -> str:
     if device.type == "cuda":
-        return f"{torch.cuda.get_device_name(device)} (torch {torch.__version__})"
+        return f"{device_name(str(device))} (torch {torch.__version__})"
     return f"CPU: {platform.processor() or platform.machine()}, {os.cpu_count()} cores (torch {torch.__version__})"
 
 
@@ -112,11 +113,7 @@ def row_machines(rows: list[dict]) -> dict[str, int]:
     """Rows per machine that trained them: ``machine`` is where this command ran, while merged rows (--merge, the
     output folder's earlier files) may have trained elsewhere; rows from before rows recorded it count as "not
     recorded"."""
-    counts: dict[str, int] = {}
-    for row in rows:
-        name = row.get("machine") or "not recorded"
-        counts[name] = counts.get(name, 0) + 1
-    return dict(sorted(counts.items()))
+    return dict(sorted(Counter(row.get("machine") or "not recorded" for row in rows).items()))
 
 
 def budget_knobs(args: argparse.Namespace) -> dict:

@@ -367,10 +367,12 @@ def _dq_tile(q, do, K, V, SEGP, A_PARTIAL, b, h, bh, I, nB, Tp,
             es = tl.exp2((mid - kvec) * LOG2E)
             x = zsuf * es + zmid
             r = gm * _recip(y[:, None] * x[None, :] + (zpre_i * e3)[:, None], FAST)
-            row = tl.sum(r, axis=1)
-            c += beta * e3 * row
-            kap += beta * tl.sum(y * row, axis=0)
-            tl.store(A_PARTIAL + (bh * nB + I) * Tp + offs_n, (beta * es) * tl.sum(r * y[:, None], axis=0))
+            c += beta * e3 * tl.sum(r, axis=1)
+            # kappa = beta sum_t y_t sum_s r = beta sum_s (sum_t y_t r): from the column sums, which every warp
+            # holds once they are reduced, instead of a second reduction across the warps' rows
+            col = tl.sum(r * y[:, None], axis=0)
+            kap += beta * tl.sum(col, axis=0)
+            tl.store(A_PARTIAL + (bh * nB + I) * Tp + offs_n, (beta * es) * col)
     return dq, c, kap, qpsi, qbeta
 
 

@@ -115,9 +115,13 @@ SOURCES = {
     "restsalt1": ("benchmarks/results/probes/cpu_2026-12-05_rest_salt1/probes.json", "CPU"),
     "mqarsalt1": ("benchmarks/results/probes/cpu_2026-12-06_mqar_salt1/probes.json", "CPU"),
     "r18": ("benchmarks/results/probes/cpu_2026-12-06_unnamed_ladder_r18_widths/probes.json", "CPU"),
+    # the MQAR regime at T = 512, softmax alone at 9000 steps: lr 0.01 on seeds 0-7, lr 0.003 on seeds 4-7
+    "mqar512": ("benchmarks/results/probes/h100_2026-12-06_mqar_t512_9000_s0-7/probes.json", "H100"),
+    "mqar512lr": ("benchmarks/results/probes/h200_2026-12-06_mqar_t512_9000_lr0003_s4/probes.json", "H200"),
 }
 """Every committed result file with sign tests (the Holm family is all of them), each read by lines of the summary but
-the CPU's label-split files: key -> (path from the repository root, device)."""
+the CPU's label-split files, and the two softmax-only files (no sign test) of the T = 512 regime's lines: key -> (path
+from the repository root, device)."""
 
 
 @dataclass(frozen=True)
@@ -152,11 +156,10 @@ class Line:
     """The device cell where it is not the source's (a merged file whose rows ran on two machines)."""
 
 
-PENDING_MQAR_512 = ('python eval.py --task probes --device cuda --workers 4 --groups "mqar, paper regime, 2 layers, '
-                    '64 pairs, T=512" --steps 9000 --lr 0.003 --backends sdpa --seed 4 --seeds 4 --out DIR')
-"""The next call of the T = 512 regime: softmax at the lower rate on seeds 4-7, two of which stayed at chance at lr
-0.01; then seeds 0-3, and the 15-seed rows at whichever rate recalls on every seed, a few seeds of one backend a
-call, each later call with `--merge` of the earlier folders (docs/probes.md, "Runs to make")."""
+PLATEAU_512 = "the regime is dropped (\"Runs to make\", 2)"
+"""Why the T = 512 regime's 9000-step lines cannot test the paper's counts: softmax, the paper's 15/15, leaves the
+loss plateau at chance on some seeds only, at a step that varies by seed and rate, so any count there measures the
+plateau (docs/probes.md, "Status: what ran where")."""
 
 
 def ladder_groups(named: str, unnamed: str) -> list[tuple[str, str]]:
@@ -263,12 +266,15 @@ LINES = [
     Line("mqar, paper regime, 3 layers, 32 pairs, T=256", "mqar"),
     Line("mqar, paper regime, 4 layers, 32 pairs, T=256", "mqar"),
     Line("mqar, paper regime, 2 layers, 64 pairs, T=512", "mqar", untestable="softmax recalls on 2/15 in 3000 steps, "
-         "13 seeds at chance: the row measures the budget (the schedule: next line)"),
-    Line("mqar, paper regime, 2 layers, 64 pairs, T=512", pending=PENDING_MQAR_512,
-         title="mqar, paper regime, 2 layers, 64 pairs, T=512, 9000 steps",
-         pending_note="softmax at lr 0.01, 9000 steps, H100: 5/8 seeds, the other 3 at chance all run, so the rate is "
-         "calibrated first; a 2-seed pilot of no layer-1 bias stayed at chance; \"Runs to make\", 2",
-         paper="FPA 0/15; no layer-1 bias 15/15; softmax 15/15"),
+         "13 seeds at chance: the row measures the budget (9000 steps: next two lines)"),
+    Line("mqar, paper regime, 2 layers, 64 pairs, T=512", "mqar512",
+         title="mqar, paper regime, 2 layers, 64 pairs, T=512, 9000 steps, lr 0.01",
+         untestable="3 seeds end at chance (loss 4.90-4.91), 5 recall by step 1350: whether and when softmax leaves "
+         "the plateau varies by seed; " + PLATEAU_512),
+    Line("mqar, paper regime, 2 layers, 64 pairs, T=512", "mqar512lr",
+         title="mqar, paper regime, 2 layers, 64 pairs, T=512, 9000 steps, lr 0.003",
+         untestable="seeds 6 and 7 at chance again (loss 4.99, 4.97), seed 4 recalls only after about 4200 steps, "
+         "seeds 0 and 1 recalled in the calibration (4/6); " + PLATEAU_512),
 ]
 
 
@@ -401,6 +407,9 @@ def _detail(kind: str, which: list[Entry]) -> str:
     return ", ".join(f"{name(e.row['backend'])} p {format_p(e.comparison['p_holm'])}" for e in separations)
 
 
+KINDS = ("reproduced", "contradicted", "inconclusive", "untestable", "pending")
+"""A summary line's verdict kinds, in the tally's order."""
+
 HEADER = ["paper row (our group)", "the paper", "ours: device, seeds, steps, held-out split: seeds ≥ 0.99",
           "sign test vs FPA (the paper's direction): p raw → Holm", "verdict (α = 0.05, adjusted)"]
 
@@ -413,8 +422,8 @@ def summary_table(root: Path, lines: list[Line] = LINES, spec: dict[str, tuple[s
 
 
 def tally(root: Path, lines: list[Line] = LINES, spec: dict[str, tuple[str, str]] = SOURCES) -> dict[str, int]:
-    """How many lines of each kind."""
-    counts: dict[str, int] = {}
+    """How many lines of each kind (every kind, 0 where no line has it)."""
+    counts = dict.fromkeys(KINDS, 0)
     for line in summary(root, lines, spec):
-        counts[line["kind"]] = counts.get(line["kind"], 0) + 1
+        counts[line["kind"]] += 1
     return counts

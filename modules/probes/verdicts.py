@@ -156,10 +156,10 @@ class Line:
     """The device cell where it is not the source's (a merged file whose rows ran on two machines)."""
 
 
-PLATEAU_512 = "the regime is dropped (\"Runs to make\", 2)"
-"""Why the T = 512 regime's 9000-step lines cannot test the paper's counts: softmax, the paper's 15/15, leaves the
-loss plateau at chance on some seeds only, at a step that varies by seed and rate, so any count there measures the
-plateau (docs/probes.md, "Status: what ran where")."""
+T512_DROPPED = "the regime is dropped (\"Runs to make\", 2)"
+"""How the T = 512 regime's 9000-step lines end: softmax, the paper's 15/15, leaves the loss plateau at chance on some
+seeds only, at a step that varies by seed and rate, so any count there measures the plateau and the regime is not
+run further (docs/probes.md, "Status: what ran where")."""
 
 
 def ladder_groups(named: str, unnamed: str) -> list[tuple[str, str]]:
@@ -270,11 +270,11 @@ LINES = [
     Line("mqar, paper regime, 2 layers, 64 pairs, T=512", "mqar512",
          title="mqar, paper regime, 2 layers, 64 pairs, T=512, 9000 steps, lr 0.01",
          untestable="3 seeds end at chance (loss 4.90-4.91), 5 recall by step 1350: whether and when softmax leaves "
-         "the plateau varies by seed; " + PLATEAU_512),
+         "the plateau varies by seed; " + T512_DROPPED),
     Line("mqar, paper regime, 2 layers, 64 pairs, T=512", "mqar512lr",
          title="mqar, paper regime, 2 layers, 64 pairs, T=512, 9000 steps, lr 0.003",
          untestable="seeds 6 and 7 at chance again (loss 4.99, 4.97), seed 4 recalls only after about 4200 steps, "
-         "seeds 0 and 1 recalled in the calibration (4/6); " + PLATEAU_512),
+         "seeds 0 and 1 recalled in the calibration (4/6); " + T512_DROPPED),
 ]
 
 

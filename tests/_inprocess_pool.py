@@ -8,13 +8,10 @@ class InProcess:
     at submit, and its exception is kept in its future, as a process pool does."""
 
     def __init__(self, workers, mp_context=None, initializer=None, initargs=()):
+        self._processes = {}  # what the runner's _stop_pool terminates: none here
+
+    def shutdown(self, wait=True, *, cancel_futures=False):
         pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
     def submit(self, fn, *args):
         future = Future()

@@ -289,8 +289,9 @@ def _run_in_pool(todo: list[int], jobs: list[tuple], workers: int, finished, log
     split = sum(job[0].impl != "naive" for job in jobs)
     per_row = -(-2 * workers // split) if split else 1
     turn = 0
-    with ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_worker_init,
-                             initargs=(workers, os.getpid())) as pool:
+    pool = ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_worker_init,
+                               initargs=(workers, os.getpid()))
+    try:
         futures, waiting, parts = {}, {}, {}
         for i, job in zip(todo, jobs):
             group, backend, seeds, row_budget, device, earlier = job
@@ -315,6 +316,20 @@ def _run_in_pool(todo: list[int], jobs: list[tuple], workers: int, finished, log
                 finished(n, i, merge_chunks(group, backend, seeds, row_budget, device, parts.pop(i)))
             elif seed_range is not None:
                 seed_range(i, merge_chunks(group, backend, chunk["seeds"], row_budget, device, [chunk]))
+    except BaseException:  # Ctrl-C, SIGINT to the runner alone, a failed chunk: stop now, not when the pool is done
+        _stop_pool(pool)
+        log("probes: stopped; the rows and seed chunks that finished are in the partial file (with --out)")
+        raise
+    pool.shutdown()
+
+
+def _stop_pool(pool: ProcessPoolExecutor) -> None:
+    """Cancel the queued chunks and end the running ones. Leaving the pool by `with` (shutdown(wait=True)) would wait
+    for every submitted chunk, so an interrupted run went on training for nobody, or hung if interrupted again."""
+    processes = list((pool._processes or {}).values())  # private, as Python < 3.14 has no terminate_workers()
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        process.terminate()
 
 
 def _pool_job(group: Group, backend: str, seeds: list[int], budget: Budget, device: str, label: str) -> dict:

@@ -1,7 +1,10 @@
-"""The probe runner's worker processes stop when the runner is killed (modules/probes/runner.py, ``_exit_without``).
+"""The probe runner's worker processes stop when the runner is killed or interrupted (modules/probes/runner.py).
 
-SIGKILL (or SIGTERM, which Python does not catch by default) skips the pool's shutdown, so without the watch the
-spawned workers would go on training their rows for nobody. Linux only: the workers are found through /proc.
+SIGKILL (or SIGTERM, which Python does not catch by default) skips the pool's shutdown, so without the watch
+(``_exit_without``) the spawned workers would go on training their rows for nobody. SIGINT to the runner alone (Ctrl-C
+reaches the whole process group; `kill -INT` or `timeout -s INT` only the runner) raises KeyboardInterrupt there, and
+the runner must stop its pool and exit (``_stop_pool``) instead of waiting for every queued row. Linux only: the
+workers are found through /proc.
 """
 import os
 import signal
@@ -51,8 +54,8 @@ def workers_of(pid: int) -> list[int]:
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the workers through /proc (Linux)")
-@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
-def test_the_workers_stop_when_the_runner_is_killed(how):
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT], ids=["SIGKILL", "SIGTERM", "SIGINT"])
+def test_the_workers_stop_when_the_runner_is_killed_or_interrupted(how):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     runner, workers = subprocess.Popen([sys.executable, "-c", RUNNER], cwd=ROOT, env=env), []
     try:
@@ -63,7 +66,7 @@ def test_the_workers_stop_when_the_runner_is_killed(how):
         assert len(workers) == 2, f"the runner started {len(workers)} workers"
         time.sleep(1.0)  # past the initializer: the watch is running and the rows are training
         runner.send_signal(how)
-        runner.wait(timeout=30)
+        runner.wait(timeout=30)  # an interrupted runner exits too, without waiting for its pool's rows
         deadline = time.monotonic() + 30
         while any(alive(w) for w in workers) and time.monotonic() < deadline:
             time.sleep(0.2)

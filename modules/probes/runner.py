@@ -246,15 +246,20 @@ def run_rows(plan: list[tuple], seeds: list[int], budget: Budget, steps: int | N
             f"elapsed {elapsed / 60:.1f} min, about {eta / 60:.1f} min left)")
 
     jobs = [(plan[i][0], plan[i][1], seeds, plan[i][2], device, parts[i]) for i in todo]
-    if workers > 1 or len(devices) > 1:
-        _run_in_pool(todo, jobs, max(workers, len(devices)), finished, log, saved.seed_range, devices)
-    else:
-        for n, (i, (group, backend, _, row_budget, _, row_parts)) in enumerate(zip(todo, jobs), start=1):
-            tested = f", tested on {group.test_probe.key}" if group.test_probe is not None else ""
-            log(f"[{n}/{len(todo)}] {group.label} · {backend}: training {row_budget.steps} steps "
-                f"({group.probe.key}{tested}, {group.shape.describe()})")
-            progress = _progress_printer(row_budget.steps, log)
-            finished(n, i, row_record(group, backend, seeds, row_budget, device, progress, parts=row_parts))
+    try:
+        if workers > 1 or len(devices) > 1:
+            _run_in_pool(todo, jobs, max(workers, len(devices)), finished, log, saved.seed_range, devices)
+        else:
+            for n, (i, (group, backend, _, row_budget, _, row_parts)) in enumerate(zip(todo, jobs), start=1):
+                tested = f", tested on {group.test_probe.key}" if group.test_probe is not None else ""
+                log(f"[{n}/{len(todo)}] {group.label} · {backend}: training {row_budget.steps} steps "
+                    f"({group.probe.key}{tested}, {group.shape.describe()})")
+                progress = _progress_printer(row_budget.steps, log)
+                finished(n, i, row_record(group, backend, seeds, row_budget, device, progress, parts=row_parts))
+    except BaseException:
+        if partial is not None:
+            log(f"probes: stopped; any rows and seed chunks that finished are in {partial}")
+        raise
     return [done[i] for i in range(len(plan))]
 
 
@@ -318,7 +323,6 @@ def _run_in_pool(todo: list[int], jobs: list[tuple], workers: int, finished, log
                 seed_range(i, merge_chunks(group, backend, chunk["seeds"], row_budget, device, [chunk]))
     except BaseException:  # Ctrl-C, SIGINT to the runner alone, a failed chunk: stop now, not when the pool is done
         _stop_pool(pool)
-        log("probes: stopped; the rows and seed chunks that finished are in the partial file (with --out)")
         raise
     pool.shutdown()
 

@@ -114,7 +114,13 @@ SOURCES = {
     "unnamedsalt1": ("benchmarks/results/probes/cpu_2026-12-05_unnamed_ladder_salt1/probes.json", "CPU"),
     "restsalt1": ("benchmarks/results/probes/cpu_2026-12-05_rest_salt1/probes.json", "CPU"),
     "mqarsalt1": ("benchmarks/results/probes/cpu_2026-12-06_mqar_salt1/probes.json", "CPU"),
-    "r18": ("benchmarks/results/probes/cpu_2026-12-06_unnamed_ladder_r18_widths/probes.json", "CPU"),
+    # the positioned unnamed ladder at r = 18, 4500 steps, two rates, widths 2-19 and the control: 120 rows on an
+    # H200 and lr 0.003's widths 13-19 and control on an H100 (a line of those says so); the CPU's run of the same
+    # rows is in the family, no line reads it
+    "r18": ("benchmarks/results/probes/h200_h100_2026-12-07_unnamed_ladder_r18_widths/probes.json", "H200"),
+    "r18cpu": ("benchmarks/results/probes/cpu_2026-12-06_unnamed_ladder_r18_widths/probes.json", "CPU"),
+    # the MQAR paper regime's 2-layer group at salt 1: FPA, softmax and FPA without the layer-1 bias
+    "mqarregimesalt1": ("benchmarks/results/probes/h100_2026-12-07_mqar_regime_salt1/probes.json", "H100"),
     # the MQAR regime at T = 512, softmax alone at 9000 steps: lr 0.01 on seeds 0-7, lr 0.003 on seeds 4-7
     "mqar512": ("benchmarks/results/probes/h100_2026-12-06_mqar_t512_9000_s0-7/probes.json", "H100"),
     "mqar512lr": ("benchmarks/results/probes/h200_2026-12-06_mqar_t512_9000_lr0003_s4/probes.json", "H200"),
@@ -195,10 +201,13 @@ SALT_LINES = [
         + [(group, "salt1") for group in ["two families, 2 heads of d=2", "push/pop", "find a name among alive keys",
                                           "find a name, without content retrieval", "flip-flop", "counting"]]
         + [("copy", "restsalt1"), ("variable assignment", "restsalt1")]
-        + [(f"mqar, {layers} layers", "mqarsalt1") for layers in (2, 3, 4)])]
+        + [(f"mqar, {layers} layers", "mqarsalt1") for layers in (2, 3, 4)])] + [
+    Line("mqar, paper regime, 2 layers, 32 pairs, T=256", "mqarregimesalt1",
+         title="mqar, paper regime, 2 layers, 32 pairs, T=256, salt 1", note="salt 1, as above")]
 """A data replicate (issue #45, item 5) of the H200 table's sequence-split lines: the split's hash keyed with another
-salt, so that another part of each sequence space is held out and the pool is drawn from the rest (the MQAR paper
-regime has none yet; ``dip_depth``'s replicate draws another pool and held-out set, ``--data-seed 1``)."""
+salt, so that another part of each sequence space is held out and the pool is drawn from the rest (of the MQAR paper
+regime only the 2-layer group's FPA, softmax and no-layer-1-bias rows so far; ``dip_depth``'s replicate draws another
+pool and held-out set, ``--data-seed 1``)."""
 
 LINES = [
     Line("ladder, d=4, r=6", "h200"),
@@ -220,7 +229,7 @@ LINES = [
          title="unnamed ladder control, positions, d=20, r=18, 4500 steps"),
     Line("unnamed ladder, positions, d=4, r=18", "r18", lr=0.003,
          title="unnamed ladder, positions, d=4, r=18, 4500 steps, lr 0.003", note="the line above at the second rate"),
-    Line("unnamed ladder control, positions, d=20, r=18", "r18", lr=0.003,
+    Line("unnamed ladder control, positions, d=20, r=18", "r18", lr=0.003, device="H100",
          title="unnamed ladder control, positions, d=20, r=18, 4500 steps, lr 0.003"),
     Line("unnamed ladder control, positions, d=12, r=10", "h200"),
     Line("unnamed ladder control, positions, d=16, r=14", "h200"),

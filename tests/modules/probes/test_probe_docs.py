@@ -23,7 +23,8 @@ import torch
 from fpa_lightning.probes.train import POOL_SEED, TEST_SEED, Budget, held_out_set, part_overlap, row_data, seeded
 from modules.probes.report import comparison_table, markdown_table
 from modules.probes.table import GROUPS
-from modules.probes.verdicts import LINES, SALT_LINES, SOURCES, load_sources, sign_family, summary_table, tally
+from modules.probes.verdicts import (LINES, REFERENCE, SALT_LINES, SOURCES, _group_rows, load_sources, sign_family,
+                                     summary_table, tally)
 
 ROOT = Path(__file__).resolve().parents[3]
 DOCS = ROOT / "docs"
@@ -159,6 +160,32 @@ def test_the_tally_and_the_family_are_the_summarys():
     assert "all 657 committed sign tests" in flat(page())
     smallest = min(c["p_tested"] for c in family)
     assert smallest == pytest.approx(2**-15) and min(c["p_holm"] for c in family) == pytest.approx(657 * 2**-15)
+
+
+def machine_name(machine: str) -> str:
+    """The summary's short device name of a row's recorded ``machine``."""
+    return next((short for short in ("H200", "H100") if short in machine), machine)
+
+
+def test_a_lines_device_names_where_its_rows_trained():
+    """Where the committed rows record their machine (files since 2026-12-06), a summary line's device cell names
+    every machine its rows trained on and no other: the merged r = 18 file's lr 0.003 control ran on an H100, the rest
+    of it on an H200."""
+    sources = load_sources(ROOT)
+    checked = 0
+    for line in LINES:
+        if line.source is None:
+            continue
+        rows = [r for r in _group_rows(line, sources)
+                if not line.backends or r["backend"] in line.backends or r["backend"] == REFERENCE]
+        machines = {r.get("machine") for r in rows}
+        if None in machines:
+            continue  # an older file: its rows do not say where they trained
+        device = line.device or SOURCES[line.source][1]
+        named = {short for short in ("H200", "H100", "CPU") if short in device}
+        assert named == {machine_name(m) for m in machines}, (line.title or line.group, device, machines)
+        checked += 1
+    assert checked >= 6
 
 
 def test_every_sequence_split_line_but_the_mqar_regime_has_a_data_replicate():

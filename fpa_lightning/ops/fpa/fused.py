@@ -116,7 +116,10 @@ def _constexprs(D: int, dtype: torch.dtype, *, skip: bool, level: str, reduction
         "dip_carry": {"BS": BS, "SEG": segments},
         "fwd": {**common, "STORE32": True, "QLEVEL": qlevel, "DIPSUM": dipsum},
         "dq": {**common, "FAST": not _interpreting(), "CB": _chunk(), "NSUB": _subtiles("dq", skip),
-               "QLEVEL": qlevel, "DIPSUM": dipsum},
+               "QLEVEL": qlevel, "DIPSUM": dipsum,
+               # the transposed off-diagonal tile (kernels._dq_tile_t) where it is faster: key level, min, no
+               # skipping, no documents (docs/kernel.md §2)
+               "TRANSPOSED": not (skip or qlevel or dipsum or segments)},
         "dkdv": {**common, "MSUB": _subtiles("dkdv", skip), "QLEVEL": qlevel},
         "field": {"BS": BS, "D": D, "CB": _chunk(), "PREC": prec, "QLEVEL": qlevel, "SEG": segments},
         "dipsum_bwd": common,

@@ -377,6 +377,58 @@ def _dq_tile(q, do, K, V, SEGP, A_PARTIAL, b, h, bh, I, nB, Tp,
 
 
 @triton.jit
+def _dq_tile_t(q, do, K, V, A_PARTIAL, b, h, bh, I, nB, Tp,
+               s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d,
+               kvec, zsuf, psi, mid, zmid, pre_i, zpre_i, lse, delta, beta, sl2, bl2,
+               dq, c, kap,
+               PREC: tl.constexpr, FAST: tl.constexpr, GENERAL: tl.constexpr):
+    # _dq_tile's key-level min reduction with the tile transposed, [s (keys of J), t (queries of I)]: a_s, a sum
+    # over queries, runs along the rows, inside a warp, instead of down the columns across the four warps; c_t,
+    # a sum over keys, accumulates elementwise in c (BS, BS), which the kernel reduces across the warps once after
+    # its walk. dq takes dS's transpose through shared memory. The query level, skipping's sub-tiles and
+    # documents keep _dq_tile: this form spills there, and with documents it measured slower (docs/kernel.md §2).
+    k = tl.load(_rows(K, b, h, s_kb, s_kt, s_kh, offs_n, offs_d))
+    v = tl.load(_rows(V, b, h, s_vb, s_vt, s_vh, offs_n, offs_d))
+    if GENERAL:
+        m2 = tl.minimum(kvec, mid)
+        rho1 = tl.exp2((m2 - kvec) * LOG2E)
+        rho2 = tl.exp2((m2 - mid) * LOG2E)
+        X = zsuf * rho1 + zmid * rho2
+        dlt = tl.minimum(m2[:, None], pre_i[None, :]) - psi[:, None]
+    else:
+        m_t = tl.minimum(pre_i, mid)
+        dlt = m_t[None, :] - psi[:, None]
+    sT = tl.dot(k, tl.trans(q), input_precision=PREC) * sl2 + tl.minimum(dlt, 0.0) * bl2
+    pT = tl.exp2(sT - lse[None, :])
+    dpT = tl.dot(v, tl.trans(do), input_precision=PREC)
+    dsT = pT * (dpT - delta[None, :])
+    dq += tl.dot(tl.trans(dsT).to(k.dtype), k, input_precision=PREC)
+    gm = tl.where(dlt < 0.0, dsT, 0.0)  # G / beta: the field gradient lives on dead pairs only
+    if GENERAL:
+        d = pre_i[None, :] - m2[:, None]
+        E = tl.exp2(-tl.abs(d) * LOG2E)
+        neg = d < 0.0
+        f = tl.where(neg, E, 1.0)
+        e3 = tl.where(neg, 1.0, E)
+        r = gm * _recip(f * X[:, None] + zpre_i[None, :] * e3, FAST)
+        c += r * e3
+        s_f = tl.sum(r * f, axis=1)
+        tl.store(A_PARTIAL + (bh * nB + I) * Tp + offs_n, (beta * rho1) * s_f)
+        kap += beta * tl.sum(rho2 * s_f, axis=0)
+    else:
+        y = tl.exp2((m_t - mid) * LOG2E)
+        e3 = tl.exp2((m_t - pre_i) * LOG2E)
+        es = tl.exp2((mid - kvec) * LOG2E)
+        x = zsuf * es + zmid
+        r = gm * _recip(x[:, None] * y[None, :] + (zpre_i * e3)[None, :], FAST)
+        c += r * e3[None, :]
+        col = tl.sum(r * y[None, :], axis=1)
+        kap += beta * tl.sum(col, axis=0)
+        tl.store(A_PARTIAL + (bh * nB + I) * Tp + offs_n, (beta * es) * col)
+    return dq, c, kap
+
+
+@triton.jit
 def _query_rows(Q, DO, LSE, DELTA, b, h, fbase, offs_m, T, s_qb, s_qt, s_qh, s_ob, s_ot, s_oh, offs_d):
     # q and dO of the query rows offs_m (0 past T), with their lse and Delta: what a key-major tile reads
     row_ok = offs_m < T
@@ -608,6 +660,7 @@ def _fpa_bwd_dq_kernel(
     T, H, Tp, nB, qk_scale, threshold,
     BS: tl.constexpr, D: tl.constexpr, SKIP: tl.constexpr, PREC: tl.constexpr, FAST: tl.constexpr,
     CB: tl.constexpr, NSUB: tl.constexpr, QLEVEL: tl.constexpr, DIPSUM: tl.constexpr, SEG: tl.constexpr,
+    TRANSPOSED: tl.constexpr,
 ):
     # The field part lives here, not in the key-major kernel: this kernel's only tile accumulator is
     # dq (the key-major one holds dk and dv), so the field temporaries fit in registers. c_t is a row
@@ -630,7 +683,10 @@ def _fpa_bwd_dq_kernel(
     phi_start = tl.load(PHIP + fbase + I * BS)
     seg_i, j_lo = _documents(SEGP, JLO, b, Tp, nB, I, offs_m, 0, SEG)
     dq = tl.zeros([BS, D], tl.float32)
-    c = tl.zeros([BS], tl.float32)
+    if TRANSPOSED:
+        c = tl.zeros([BS, BS], tl.float32)  # [s, t]: beta c_t before its sum over the keys (_dq_tile_t)
+    else:
+        c = tl.zeros([BS], tl.float32)
     qpsi = tl.zeros([BS], tl.float32)  # query level: dpsi_t and dbeta_t, row sums
     qbeta = tl.zeros([BS], tl.float32)
 
@@ -661,13 +717,16 @@ def _fpa_bwd_dq_kernel(
                 q, do, K, V, SUF, ZSUF, PSIP, BMIN, ZBLK, CARRY, SEGP, A_PARTIAL, KAPPA, b, h, bh, I, I - 1 - jj,
                 nB, fbase, Tp, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_d, mid, zmid, pre_i, zpre_i, psi_i, phi_i,
                 seg_i, lse, delta, beta, sl2, bl2, phi_start, threshold, dq, c, qpsi, qbeta,
-                BS, NSUB, SKIP, PREC, FAST, GENERAL, QLEVEL, DIPSUM, SEG)
+                BS, NSUB, SKIP, PREC, FAST, GENERAL, QLEVEL, DIPSUM, SEG, TRANSPOSED)
 
     tl.store(_rows(DQ, b, h, s_dqb, s_dqt, s_dqh, offs_m, offs_d), (dq * qk_scale).to(DQ.dtype.element_ty),
              mask=row_ok[:, None])
     tl.store(DELTA + fbase + offs_m, delta)
     if not DIPSUM:
-        tl.store(CSUM + fbase + offs_m, c)
+        if TRANSPOSED:
+            tl.store(CSUM + fbase + offs_m, beta * tl.sum(c, axis=0))
+        else:
+            tl.store(CSUM + fbase + offs_m, c)
     if QLEVEL:
         tl.store(DPSI + fbase + offs_m, qpsi)
         tl.store(DBETA + fbase + offs_m, qbeta)
@@ -678,7 +737,8 @@ def _dq_step(q, do, K, V, SUF, ZSUF, PSIP, BMIN, ZBLK, CARRY, SEGP, A_PARTIAL, K
              s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_d, mid, zmid, pre_i, zpre_i, psi_i, phi_i, seg_i,
              lse, delta, beta, sl2, bl2, phi_start, threshold, dq, c, qpsi, qbeta,
              BS: tl.constexpr, NSUB: tl.constexpr, SKIP: tl.constexpr, PREC: tl.constexpr, FAST: tl.constexpr,
-             GENERAL: tl.constexpr, QLEVEL: tl.constexpr, DIPSUM: tl.constexpr, SEG: tl.constexpr):
+             GENERAL: tl.constexpr, QLEVEL: tl.constexpr, DIPSUM: tl.constexpr, SEG: tl.constexpr,
+             TRANSPOSED: tl.constexpr):
     # key block J of the query-major walk, as NSUB sub-tiles of BS // NSUB keys (each sub-tile's temporaries
     # die before the next starts): its tile (a skipped tile contributes nothing, but the field kernel reads
     # every visited entry of A_PARTIAL and KAPPA), then block J joins mid and zmid
@@ -690,7 +750,13 @@ def _dq_step(q, do, K, V, SUF, ZSUF, PSIP, BMIN, ZBLK, CARRY, SEGP, A_PARTIAL, K
                           tl.load(PSIP + fbase + offs_blk), mid, phi_start, pre_i, psi_i, beta, threshold,
                           QLEVEL, DIPSUM)
     kap = 0.0
-    if keep:
+    if TRANSPOSED:  # NSUB = 1, no skipping: every tile is kept
+        offs_n = J * BS + tl.arange(0, BS)
+        dq, c, kap = _dq_tile_t(
+            q, do, K, V, A_PARTIAL, b, h, bh, I, nB, Tp, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d,
+            tl.load(SUF + fbase + offs_n), tl.load(ZSUF + fbase + offs_n), tl.load(PSIP + fbase + offs_n), mid, zmid,
+            pre_i, zpre_i, lse, delta, beta, sl2, bl2, dq, c, kap, PREC, FAST, GENERAL)
+    elif keep:
         for sub in tl.static_range(NSUB):
             offs_n = J * BS + sub * BN + tl.arange(0, BN)
             dq, c, kap, qpsi, qbeta = _dq_tile(

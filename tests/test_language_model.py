@@ -175,7 +175,7 @@ def test_fused_adamw_only_on_cuda_without_fp16_scaling():
 def test_compile_smoke_same_losses_and_no_graph_break(tmp_path):
     """``compile`` compiles every block (here with the graph-capture-only "eager" backend and fullgraph=True, so a
     graph break inside a block fails); the steps give the uncompiled model's losses. Inductor runs on the GPU
-    (benchmarks/train_throughput.py --compile)."""
+    (benchmarks/train_throughput.py --variants compile)."""
     losses = []
     for compile_options in (False, {"backend": "eager", "fullgraph": True}):
         torch.manual_seed(0)

@@ -684,7 +684,7 @@ def _fpa_bwd_dq_kernel(
     seg_i, j_lo = _documents(SEGP, JLO, b, Tp, nB, I, offs_m, 0, SEG)
     dq = tl.zeros([BS, D], tl.float32)
     if TRANSPOSED:
-        c = tl.zeros([BS, BS], tl.float32)  # [s, t]: beta c_t before its sum over the keys (_dq_tile_t)
+        c = tl.zeros([BS, BS], tl.float32)  # [s, t]: c_t / beta before its sum over the keys (_dq_tile_t)
     else:
         c = tl.zeros([BS], tl.float32)
     qpsi = tl.zeros([BS], tl.float32)  # query level: dpsi_t and dbeta_t, row sums

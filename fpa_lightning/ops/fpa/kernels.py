@@ -381,11 +381,11 @@ def _dq_tile_t(q, do, K, V, A_PARTIAL, b, h, bh, I, nB, Tp,
                s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d,
                kvec, zsuf, psi, mid, zmid, pre_i, zpre_i, lse, delta, beta, sl2, bl2,
                dq, c, kap,
-               PREC: tl.constexpr, FAST: tl.constexpr, GENERAL: tl.constexpr):
+               BS: tl.constexpr, PREC: tl.constexpr, FAST: tl.constexpr, GENERAL: tl.constexpr):
     # _dq_tile's key-level min reduction with the tile transposed, [s (keys of J), t (queries of I)]: a_s, a sum
     # over queries, runs along the rows, inside a warp, instead of down the columns across the four warps; c_t,
-    # a sum over keys, accumulates elementwise in c (BS, BS), which the kernel reduces across the warps once after
-    # its walk. dq takes dS's transpose through shared memory. The query level, skipping's sub-tiles and
+    # a sum over keys, accumulates in c (BS // 16, 8, BS) (_fold_rows), which the kernel reduces across the warps
+    # once after its walk. dq takes dS's transpose through shared memory. The query level, skipping's sub-tiles and
     # documents keep _dq_tile: this form spills there, and with documents it measured slower (docs/kernel.md §2).
     k = tl.load(_rows(K, b, h, s_kb, s_kt, s_kh, offs_n, offs_d))
     v = tl.load(_rows(V, b, h, s_vb, s_vt, s_vh, offs_n, offs_d))
@@ -411,7 +411,7 @@ def _dq_tile_t(q, do, K, V, A_PARTIAL, b, h, bh, I, nB, Tp,
         f = tl.where(neg, E, 1.0)
         e3 = tl.where(neg, 1.0, E)
         r = gm * _recip(f * X[:, None] + zpre_i[None, :] * e3, FAST)
-        c += r * e3
+        c += _fold_rows(r * e3, BS)
         s_f = tl.sum(r * f, axis=1)
         tl.store(A_PARTIAL + (bh * nB + I) * Tp + offs_n, (beta * rho1) * s_f)
         kap += beta * tl.sum(rho2 * s_f, axis=0)
@@ -421,11 +421,19 @@ def _dq_tile_t(q, do, K, V, A_PARTIAL, b, h, bh, I, nB, Tp,
         es = tl.exp2((mid - kvec) * LOG2E)
         x = zsuf * es + zmid
         r = gm * _recip(x[:, None] * y[None, :] + (zpre_i * e3)[None, :], FAST)
-        c += r * e3[None, :]
+        c += _fold_rows(r * e3[None, :], BS)
         col = tl.sum(r * y[None, :], axis=1)
         kap += beta * tl.sum(col, axis=0)
         tl.store(A_PARTIAL + (bh * nB + I) * Tp + offs_n, (beta * es) * col)
     return dq, c, kap
+
+
+@triton.jit
+def _fold_rows(x, BS: tl.constexpr):
+    # x (BS, BS) -> (BS // 16, 8, BS), rows s and s + 8 of each 16-row slice added: the warpgroup's accumulator
+    # layout gives each warp 16 consecutive rows and each thread rows i and i + 8 of them, so the sum stays inside a
+    # thread, and c needs half the registers of a (BS, BS) tile (its spills were dq's local-memory traffic)
+    return tl.sum(tl.reshape(x, (BS // 16, 2, 8, BS)), axis=1)
 
 
 @triton.jit
@@ -684,7 +692,7 @@ def _fpa_bwd_dq_kernel(
     seg_i, j_lo = _documents(SEGP, JLO, b, Tp, nB, I, offs_m, 0, SEG)
     dq = tl.zeros([BS, D], tl.float32)
     if TRANSPOSED:
-        c = tl.zeros([BS, BS], tl.float32)  # [s, t]: c_t / beta before its sum over the keys (_dq_tile_t)
+        c = tl.zeros([BS // 16, 8, BS], tl.float32)  # c_t / beta before its sum over the keys (_dq_tile_t)
     else:
         c = tl.zeros([BS], tl.float32)
     qpsi = tl.zeros([BS], tl.float32)  # query level: dpsi_t and dbeta_t, row sums
@@ -724,7 +732,7 @@ def _fpa_bwd_dq_kernel(
     tl.store(DELTA + fbase + offs_m, delta)
     if not DIPSUM:
         if TRANSPOSED:
-            tl.store(CSUM + fbase + offs_m, beta * tl.sum(c, axis=0))
+            tl.store(CSUM + fbase + offs_m, beta * tl.sum(tl.reshape(c, (BS // 2, BS)), axis=0))
         else:
             tl.store(CSUM + fbase + offs_m, c)
     if QLEVEL:
@@ -755,7 +763,7 @@ def _dq_step(q, do, K, V, SUF, ZSUF, PSIP, BMIN, ZBLK, CARRY, SEGP, A_PARTIAL, K
         dq, c, kap = _dq_tile_t(
             q, do, K, V, A_PARTIAL, b, h, bh, I, nB, Tp, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d,
             tl.load(SUF + fbase + offs_n), tl.load(ZSUF + fbase + offs_n), tl.load(PSIP + fbase + offs_n), mid, zmid,
-            pre_i, zpre_i, lse, delta, beta, sl2, bl2, dq, c, kap, PREC, FAST, GENERAL)
+            pre_i, zpre_i, lse, delta, beta, sl2, bl2, dq, c, kap, BS, PREC, FAST, GENERAL)
     elif keep:
         for sub in tl.static_range(NSUB):
             offs_n = J * BS + sub * BN + tl.arange(0, BN)

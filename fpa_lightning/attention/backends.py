@@ -11,7 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from fpa_lightning.attention.base import AttentionBackend
-from fpa_lightning.ops.common import FAR, FREE, at_least_fp32, cumsum_within_documents, document_first_tokens
+from fpa_lightning.ops.common import FAR, FREE, at_least_fp32, document_first_tokens, running_sum
 from fpa_lightning.ops.dcp import dcp_attention_fused, dcp_bias, dcp_bias_block, log_keep
 from fpa_lightning.ops.dcp.fused import INTERACTION_DIMS as DCP_FUSED_INTERACTION_DIMS
 from fpa_lightning.ops.fox.alibi import alibi_cumulative, alibi_slopes
@@ -73,18 +73,6 @@ _fused_selective = torch.compiler.disable(selective_attention_fused)
 _fused_dcp = torch.compiler.disable(dcp_attention_fused)
 
 
-def _running_sum(values: torch.Tensor, segment_ids: torch.Tensor | None) -> torch.Tensor:
-    """values (B, T, H) summed along T; restarted at every document start under document masking. Same-document
-    differences are the same either way; the restart keeps the values as small as in a lone document.
-
-    The sum runs over the innermost dimension of a (B, H, T) copy: along an outer dimension CUDA's scan walks all T
-    steps in one thread per (b, h), a large share of a training step (BENCHMARKS.md, "Whole-model training
-    throughput (H200)")."""
-    if segment_ids is not None:
-        return cumsum_within_documents(values, segment_ids)
-    return values.transpose(1, 2).contiguous().cumsum(dim=-1).transpose(1, 2)  # (B, T, H), strides of (B, H, T)
-
-
 def _alibi_like_init(bias: torch.Tensor, n_head: int, transform) -> None:
     """Start every head as ALiBi: per-step decay m_h = ALiBi's slope, mapped through `transform`."""
     with torch.no_grad():
@@ -109,7 +97,7 @@ class FoxBackend(AttentionBackend):
 
     def ingredients(self, x, q, k, segment_ids=None):
         log_gate = F.logsigmoid(fp32_linear(self.gate, x))  # (B, T, H), ≤ 0
-        return {"log_gate_cumsum": _running_sum(log_gate, segment_ids)}
+        return {"log_gate_cumsum": running_sum(log_gate, segment_ids)}
 
     def own_bias(self, ingredients):
         return fox_bias(ingredients["log_gate_cumsum"])
@@ -168,7 +156,7 @@ class FpaBackend(AttentionBackend):
         walk_start (B, H) (decoding) or starts at 0, and restarts at every document of segment_ids (B, n)
         (document masking)."""
         maps = fp32_linear(self.gate, x).unflatten(-1, (self.n_maps, self.n_head))  # (B, n, maps, H)
-        walk = _running_sum(maps[:, :, 0], segment_ids)  # W_t = Σ_{u≤t} δ_u, (B, n, H), float32
+        walk = running_sum(maps[:, :, 0], segment_ids)  # W_t = Σ_{u≤t} δ_u, (B, n, H), float32
         if walk_start is not None:
             walk = walk + walk_start[:, None]
         phi = walk + maps[:, :, 1] if self.n_maps > 1 else walk

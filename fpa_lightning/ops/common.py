@@ -82,6 +82,55 @@ def cumsum_within_documents(x: torch.Tensor, segment_ids: torch.Tensor) -> torch
     return (exclusive + wide - exclusive.gather(1, first)).to(x.dtype)
 
 
+def running_sum(values: torch.Tensor, segment_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """values (B, T, H) summed along T (W_t = Σ_{u≤t} values_u), restarted at every document start of segment_ids
+    (B, T) if given; the same dtype and shape. The gate fields of FPA, FoX and ALiBi are running sums.
+
+    The scan runs over the innermost dimension of a (B, H, T) copy: along an outer dimension CUDA's scan walks all T
+    steps in one thread per (b, h), a large share of a training step (BENCHMARKS.md, "Whole-model training
+    throughput (H200)"). Under torch.compile the sum is one opaque op (``running_sum_op``): for long rows and few of
+    them Inductor picks its split scan on CUDA, whose code generation failed on this sum (BENCHMARKS.md, "Whole-model
+    training on one H100"). Eager code, vmap included, calls the scan directly."""
+    if torch.compiler.is_compiling():
+        return running_sum_op(values, segment_ids)
+    return _running_sum(values, segment_ids)
+
+
+def _running_sum(values: torch.Tensor, segment_ids: torch.Tensor | None) -> torch.Tensor:
+    if segment_ids is not None:
+        return cumsum_within_documents(values, segment_ids)
+    return values.transpose(1, 2).contiguous().cumsum(dim=-1).transpose(1, 2)  # (B, T, H), strides of (B, H, T)
+
+
+# The schema is spelled out so that it does not depend on how a torch version reads string annotations.
+@torch.library.custom_op("fpa_lightning::running_sum", mutates_args=(),
+                         schema="(Tensor values, Tensor? segment_ids) -> Tensor")
+def running_sum_op(values, segment_ids):
+    """``running_sum`` as a torch.library custom op: what torch.compile sees (same signature and result, always in
+    (B, H, T) strides, which its fake below promises)."""
+    return _running_sum(values, segment_ids).transpose(1, 2).contiguous().transpose(1, 2)  # no copy without documents
+
+
+@running_sum_op.register_fake
+def _running_sum_shape(values, segment_ids):
+    return values.new_empty(values.shape[0], values.shape[2], values.shape[1]).transpose(1, 2)
+
+
+def _running_sum_setup(ctx, inputs, output):
+    ctx.segment_ids = inputs[1]
+
+
+def _running_sum_backward(ctx, grad):
+    # d/dx_u of Σ_t g_t·W_t is Σ_{t≥u, same document} g_t: the running sum of the reversed rows, reversed back (a
+    # reversed document is still one contiguous run of ids); through the op again, so the compiled backward holds no
+    # scan either
+    ids = ctx.segment_ids.flip(1) if ctx.segment_ids is not None else None
+    return running_sum_op(grad.flip(1), ids).flip(1), None
+
+
+running_sum_op.register_autograd(_running_sum_backward, setup_context=_running_sum_setup)
+
+
 def dense_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, *, scale: float | None = None,
     segment_ids: torch.Tensor | None = None,

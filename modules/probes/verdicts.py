@@ -121,6 +121,8 @@ SOURCES = {
     "r18cpu": ("benchmarks/results/probes/cpu_2026-12-06_unnamed_ladder_r18_widths/probes.json", "CPU"),
     # the MQAR paper regime's 2-layer group at salt 1: FPA, softmax and FPA without the layer-1 bias
     "mqarregimesalt1": ("benchmarks/results/probes/h100_2026-12-07_mqar_regime_salt1/probes.json", "H100"),
+    # its 3-layer group at salt 1 (FPA alone, as in the paper's row), from two calls' seed chunks
+    "mqarregime3salt1": ("benchmarks/results/probes/h100_2026-12-07_mqar_regime_salt1_3layers/probes.json", "H100"),
     # the MQAR regime at T = 512, softmax alone at 9000 steps: lr 0.01 on seeds 0-7, lr 0.003 on seeds 4-7
     "mqar512": ("benchmarks/results/probes/h100_2026-12-06_mqar_t512_9000_s0-7/probes.json", "H100"),
     "mqar512lr": ("benchmarks/results/probes/h200_2026-12-06_mqar_t512_9000_lr0003_s4/probes.json", "H200"),
@@ -203,10 +205,12 @@ SALT_LINES = [
         + [("copy", "restsalt1"), ("variable assignment", "restsalt1")]
         + [(f"mqar, {layers} layers", "mqarsalt1") for layers in (2, 3, 4)])] + [
     Line("mqar, paper regime, 2 layers, 32 pairs, T=256", "mqarregimesalt1",
-         title="mqar, paper regime, 2 layers, 32 pairs, T=256, salt 1", note="salt 1, as above")]
+         title="mqar, paper regime, 2 layers, 32 pairs, T=256, salt 1", note="salt 1, as above"),
+    Line("mqar, paper regime, 3 layers, 32 pairs, T=256", "mqarregime3salt1",
+         title="mqar, paper regime, 3 layers, 32 pairs, T=256, salt 1", note="salt 1, as above")]
 """A data replicate (issue #45, item 5) of the H200 table's sequence-split lines: the split's hash keyed with another
 salt, so that another part of each sequence space is held out and the pool is drawn from the rest (of the MQAR paper
-regime only the 2-layer group's FPA, softmax and no-layer-1-bias rows so far; ``dip_depth``'s replicate draws another
+regime only the 2-layer group's FPA, softmax and no-layer-1-bias rows and the 3-layer group's FPA so far; ``dip_depth``'s replicate draws another
 pool and held-out set, ``--data-seed 1``)."""
 
 LINES = [

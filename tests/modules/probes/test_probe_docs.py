@@ -194,18 +194,19 @@ def test_a_lines_device_names_where_its_rows_trained():
 
 def test_every_sequence_split_line_but_the_mqar_regime_has_a_data_replicate():
     """The page says every sequence-split line of the H200 table (and the CPU ablation beside it) has a data
-    replicate: a `--salt 1` line, or for dip_depth a `--data-seed 1` line; of the MQAR paper regime only the 2-layer
-    group's, whose other rows are a run to make."""
+    replicate: a `--salt 1` line, or for dip_depth a `--data-seed 1` line; of the MQAR paper regime only the 2- and
+    3-layer groups', whose 4-layer row is a run to make."""
     primary = {line.group for line in LINES if line.source in ("h200", "cpu")}
     replicated = {line.group for line in SALT_LINES} | {line.group for line in LINES
                                                         if line.source in ("dipdata1", "dip1data1")}
     assert primary - replicated == set()
     regime = {line.group for line in SALT_LINES if "paper regime" in line.group}
-    assert regime == {"mqar, paper regime, 2 layers, 32 pairs, T=256"}
+    assert regime == {"mqar, paper regime, 2 layers, 32 pairs, T=256", "mqar, paper regime, 3 layers, 32 pairs, T=256"}
     text = flat(page())
     assert "but the MQAR paper regime's has a data replicate" in text
     assert "the regime's 2-layer group has one since 2026-12-07" in text
-    assert '--salt 1 --groups "mqar, paper regime, 3 layers, 32 pairs, T=256"' in table_section("## Runs to make")
+    assert "its 3-layer group since the same day's later calls" in text
+    assert '--salt 1 --groups "mqar, paper regime, 4 layers, 32 pairs, T=256"' in table_section("## Runs to make")
 
 
 def pending_commands(text: str) -> list[str]:

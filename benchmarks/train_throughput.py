@@ -10,6 +10,9 @@ attention to each document) and checkpointing (model.activation_checkpointing: e
 The table gives each variant's tokens/s relative to the same model's base run. --activation-checkpointing turns
 checkpointing on in every variant. --shape picks the size ladder's shape (docs/training.md, "The size ladder").
 
+A variant that fails (compilation, memory) is reported and the others still run: its traceback, a FAILED line
+after the table, a `failed` list in the JSON (written after every run) and exit status 1.
+
 --mfu adds the model TFLOP/s and MFU (fpa_lightning/analysis/flops.py: the FLOPs per training token of the model and
 length, over the device's peak dense bf16 FLOP/s from its name, or --peak-tflops) as two more columns.
 
@@ -26,6 +29,7 @@ import datetime
 import json
 import platform
 import time
+import traceback
 
 import lightning as L
 import torch
@@ -165,12 +169,14 @@ def main() -> None:
     args.peak = args.peak_tflops or peak_tflops(torch.cuda.get_device_name())
     if args.mfu and args.peak is None:
         print(f"unknown device {torch.cuda.get_device_name()!r}: MFU not reported, pass --peak-tflops", flush=True)
-    results = []
+    runs = []  # every (backend, variant): a measurement, or the error that stopped it
     for backend in args.configs:
         for variant in args.variants:
             torch.cuda.reset_peak_memory_stats()
-            results.append(measure(backend, variant, args))
-            print(json.dumps(results[-1]), flush=True)
+            runs.append(measure_or_error(backend, variant, args))
+            print(json.dumps(runs[-1]), flush=True)
+            write_json(args, runs)  # after every run: a call stopped by its time limit keeps what finished
+    results = [r for r in runs if "error" not in r]
     base = {r["backend"]: r["tokens_per_s"] for r in results if r["variant"] == "base"}
     print(f"\n{torch.cuda.get_device_name()} | torch {torch.__version__} | lightning {L.__version__} | "
           f"python {platform.python_version()} | {datetime.date.today()} | B={args.batch_size}x{args.seq_len}, "
@@ -194,9 +200,30 @@ def main() -> None:
             print(f"  {r['backend']} {r['variant']}: {groups}")
             for group, kernels in r["top_kernels"].items():
                 print(f"    {group}: " + "; ".join(f"{name} {ms:.2f}" for name, ms in kernels))
+    failed = [r for r in runs if "error" in r]
+    for r in failed:
+        print(f"FAILED {r['backend']}_{args.shape} {r['variant']}: {r['error']}")
+    if failed:
+        raise SystemExit(1)
+
+
+def measure_or_error(backend: str, variant: str, args) -> dict:
+    """measure(), or what stopped it: a variant that fails (an Inductor error, memory) must not lose the other
+    variants' numbers. The traceback goes to stderr, the error into the results, and the script exits non-zero."""
+    try:
+        return measure(backend, variant, args)
+    except Exception as error:  # every failure is reported: the table's FAILED lines, the JSON, the exit status
+        traceback.print_exc()
+        torch._dynamo.reset()  # a failed compilation must not leave its caches to the next variant
+        first_line = (str(error).splitlines() or [""])[0]
+        return {"backend": backend, "variant": variant, "error": f"{type(error).__name__}: {first_line}"[:500]}
+
+
+def write_json(args, runs: list[dict]) -> None:
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"results": results, "args": vars(args)}, f, indent=1)
+            json.dump({"results": [r for r in runs if "error" not in r], "failed": [r for r in runs if "error" in r],
+                       "args": vars(args)}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,44 @@
+"""benchmarks/train_throughput.py's bookkeeping around its GPU runs (the runs themselves need a GPU): a failing
+variant is reported with its error and does not lose the other variants' numbers."""
+import json
+import types
+
+import pytest
+import torch
+
+from _benchmark_scripts import load_benchmark
+
+
+@pytest.fixture
+def bench():
+    return load_benchmark("train_throughput")
+
+
+def test_a_failing_variant_becomes_an_error_record_and_resets_dynamo(bench, monkeypatch, capsys):
+    def measure(backend, variant, args):
+        if variant == "compile":
+            raise TypeError("list indices must be integers or slices, not NoneType\nmore lines")
+        return {"backend": backend, "variant": variant, "tokens_per_s": 1.0}
+
+    resets = []
+    monkeypatch.setattr(bench, "measure", measure)
+    monkeypatch.setattr(torch._dynamo, "reset", lambda: resets.append(1))
+    assert bench.measure_or_error("fpa", "base", None) == {"backend": "fpa", "variant": "base", "tokens_per_s": 1.0}
+    assert resets == []
+    failed = bench.measure_or_error("fpa", "compile", None)
+    assert failed == {"backend": "fpa", "variant": "compile",
+                      "error": "TypeError: list indices must be integers or slices, not NoneType"}
+    assert resets == [1]
+    assert "Traceback" in capsys.readouterr().err
+
+
+def test_the_json_keeps_results_and_failures_apart(bench, tmp_path):
+    path = tmp_path / "out.json"
+    args = types.SimpleNamespace(json=str(path), steps=3)
+    runs = [{"backend": "sdpa", "variant": "compile", "tokens_per_s": 2.0},
+            {"backend": "fpa", "variant": "compile", "error": "TypeError: x"}]
+    bench.write_json(args, runs)
+    written = json.loads(path.read_text())
+    assert written["results"] == runs[:1] and written["failed"] == runs[1:] and written["args"] == {"json": str(path),
+                                                                                                  "steps": 3}
+    bench.write_json(types.SimpleNamespace(json=None), runs)  # no --json: nothing written, no error

@@ -14,12 +14,14 @@
 """
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.strategies import FSDPStrategy
+from torch._functorch import config as functorch_config
 
 from fpa_lightning import Decoder
 from fpa_lightning.export import PREFIX
@@ -75,6 +77,14 @@ def compile_blocks(decoder: Decoder, options: bool | dict) -> None:
     e.g. ``{"mode": "max-autotune"}``). Idempotent. Graph breaks: the FPA Triton kernel and FoX's FlexAttention
     (compiled on its own) run between graphs, once per layer (docs/training.md, "torch.compile")."""
     kwargs = {} if options is True else dict(options)
+    # Lightning runs the backward outside autocast, as eager PyTorch does; AOTAutograd otherwise traces a compiled
+    # block's backward under the forward's autocast, which computes the float32 gate maps' gradients in bf16
+    # (docs/training.md, "torch.compile"). Older torch lacks the switch and keeps that behaviour.
+    if hasattr(functorch_config, "backward_pass_autocast"):
+        functorch_config.backward_pass_autocast = "off"
+    else:
+        warnings.warn(f"torch {torch.__version__} traces a compiled block's backward under the forward's autocast: "
+                      "float32 regions (the gate maps) get bf16 gradients under bf16-mixed", stacklevel=2)
     for block in decoder.blocks:
         if getattr(block, "_compiled_call_impl", None) is None:
             block.compile(**kwargs)

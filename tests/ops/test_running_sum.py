@@ -6,6 +6,7 @@ import pytest
 import torch
 from functorch.compile import make_boxed_func
 from torch._dynamo.backends.common import aot_autograd
+from torch._functorch import config as functorch_config
 
 from fpa_lightning.attention.backends import FpaBackend
 from fpa_lightning.config import AttentionConfig
@@ -92,3 +93,34 @@ def test_compiled_fpa_fields_call_the_op_not_a_scan(documents):
         targets = called(graph)
         assert "fpa_lightning.running_sum.default" in targets
         assert not {t for t in targets if "cumsum" in t}, targets
+
+
+@pytest.mark.gpu
+def test_inductor_compiles_fpa_fields_of_the_long_context_model_on_cuda(monkeypatch):
+    """The 110M model's φ at 1 × 16384 (12 heads) through `bias_ingredients`, as `model.compile` runs it (Inductor,
+    bf16 autocast around it, the backward outside autocast as `compile_blocks` sets it): the shape at which Inductor's
+    split scan failed to generate the walk's cumsum; values and gradients as eager."""
+    monkeypatch.setattr(functorch_config, "backward_pass_autocast", "off")
+    torch.manual_seed(0)
+    backend = FpaBackend(AttentionConfig(backend="fpa"), d_model=768, n_head=12, head_dim=64).cuda()
+    with torch.no_grad():  # a trained-like gate, not the all-zero start
+        backend.gate.weight.normal_(std=0.02)
+    x = torch.randn(1, 16384, 768, device="cuda")
+    qk = torch.empty(1, 16384, 12, 64, device="cuda", dtype=torch.bfloat16)  # only their device and shape are read
+    grad_out = torch.randn(1, 16384, 12, device="cuda")
+
+    def phi_and_grad(fn):
+        v = x.clone().requires_grad_()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            phi = fn(v)
+        (grad,) = torch.autograd.grad(phi, v, grad_out)
+        return phi, grad
+
+    def phi(v):
+        return backend.bias_ingredients(v, qk, qk)["phi"]
+
+    eager = phi_and_grad(phi)
+    compiled = phi_and_grad(torch.compile(phi, fullgraph=True))
+    assert eager[0].dtype == torch.float32
+    for got, want in zip(compiled, eager):
+        torch.testing.assert_close(got, want)

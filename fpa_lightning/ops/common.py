@@ -84,7 +84,8 @@ def cumsum_within_documents(x: torch.Tensor, segment_ids: torch.Tensor) -> torch
 
 def running_sum(values: torch.Tensor, segment_ids: torch.Tensor | None = None) -> torch.Tensor:
     """values (B, T, H) summed along T (W_t = Σ_{u≤t} values_u), restarted at every document start of segment_ids
-    (B, T) if given; the same dtype and shape. The gate fields of FPA, FoX and ALiBi are running sums.
+    (B, T) if given; the same dtype and shape. The gate fields of FPA and FoX are running sums; the restart changes no
+    same-document difference and keeps the values as small as in a lone document.
 
     The scan runs over the innermost dimension of a (B, H, T) copy: along an outer dimension CUDA's scan walks all T
     steps in one thread per (b, h), a large share of a training step (BENCHMARKS.md, "Whole-model training

@@ -210,8 +210,8 @@ SALT_LINES = [
          title="mqar, paper regime, 3 layers, 32 pairs, T=256, salt 1", note="salt 1, as above")]
 """A data replicate (issue #45, item 5) of the H200 table's sequence-split lines: the split's hash keyed with another
 salt, so that another part of each sequence space is held out and the pool is drawn from the rest (of the MQAR paper
-regime only the 2-layer group's FPA, softmax and no-layer-1-bias rows and the 3-layer group's FPA so far; ``dip_depth``'s replicate draws another
-pool and held-out set, ``--data-seed 1``)."""
+regime only the 2-layer group's FPA, softmax and no-layer-1-bias rows and the 3-layer group's FPA so far;
+``dip_depth``'s replicate draws another pool and held-out set, ``--data-seed 1``)."""
 
 LINES = [
     Line("ladder, d=4, r=6", "h200"),

@@ -360,12 +360,7 @@ def _dq_tile(q, do, K, V, SEGP, A_PARTIAL, b, h, bh, I, nB, Tp,
             tl.store(A_PARTIAL + (bh * nB + I) * Tp + offs_n, (beta * rho1) * s_f)
             kap += beta * tl.sum(rho2 * s_f, axis=0)
         else:
-            # y_t = e^{m_t - mid}, e3_t = e^{m_t - pre_t}, es_s = e^{mid - suf_s}: Z' = y_t x_s + zpre_t e3_t,
-            # so the only per-pair transcendental of the field part is one reciprocal
-            y = tl.exp2((m_t - mid) * LOG2E)
-            e3 = tl.exp2((m_t - pre_i) * LOG2E)
-            es = tl.exp2((mid - kvec) * LOG2E)
-            x = zsuf * es + zmid
+            y, e3, es, x = _fast_tile_factors(mid, pre_i, kvec, zsuf, zmid)
             r = gm * _recip(y[:, None] * x[None, :] + (zpre_i * e3)[:, None], FAST)
             c += beta * e3 * tl.sum(r, axis=1)
             # kappa = beta sum_t y_t sum_s r = beta sum_s (sum_t y_t r): from the column sums, which every warp
@@ -416,16 +411,31 @@ def _dq_tile_t(q, do, K, V, A_PARTIAL, b, h, bh, I, nB, Tp,
         tl.store(A_PARTIAL + (bh * nB + I) * Tp + offs_n, (beta * rho1) * s_f)
         kap += beta * tl.sum(rho2 * s_f, axis=0)
     else:
-        y = tl.exp2((m_t - mid) * LOG2E)
-        e3 = tl.exp2((m_t - pre_i) * LOG2E)
-        es = tl.exp2((mid - kvec) * LOG2E)
-        x = zsuf * es + zmid
+        y, e3, es, x = _fast_tile_factors(mid, pre_i, kvec, zsuf, zmid)
         r = gm * _recip(x[:, None] * y[None, :] + (zpre_i * e3)[None, :], FAST)
         c += _fold_rows(r * e3[None, :], BS)
         col = tl.sum(r * y[None, :], axis=1)
         kap += beta * tl.sum(col, axis=0)
         tl.store(A_PARTIAL + (bh * nB + I) * Tp + offs_n, (beta * es) * col)
     return dq, c, kap
+
+
+@triton.jit
+def _fast_tile_factors(mid, pre_i, kvec, zsuf, zmid):
+    # A fast tile's field factors (mid(J, I) <= min_s suf_J(s), so M(s, t) = m_t): y_t = e^{m_t - mid},
+    # e3_t = e^{m_t - pre_t}, es_s = e^{mid - suf_s} and x_s = zsuf_s es_s + zmid, so that Z' = y_t x_s + zpre_t e3_t
+    # and the only per-pair transcendental of the field part is one reciprocal (both tile forms of dq).
+    # m_t = min(pre_t, mid), so one of y_t, e3_t is e^0 = 1 and the other e^{-|pre_t - mid|}: one exponential per
+    # query instead of two, the same bits (fl(mid - pre) = -fl(pre - mid)). It counts: a query vector's exponential
+    # runs in every thread that holds one of its columns (16 a thread in the transposed tile)
+    d = pre_i - mid
+    E = tl.exp2(-tl.abs(d) * LOG2E)
+    before = d < 0.0
+    y = tl.where(before, E, 1.0)
+    e3 = tl.where(before, 1.0, E)
+    es = tl.exp2((mid - kvec) * LOG2E)
+    x = zsuf * es + zmid
+    return y, e3, es, x
 
 
 @triton.jit

@@ -123,6 +123,11 @@ SOURCES = {
     "mqarregimesalt1": ("benchmarks/results/probes/h100_2026-12-07_mqar_regime_salt1/probes.json", "H100"),
     # its 3-layer group at salt 1 (FPA alone, as in the paper's row), from two calls' seed chunks
     "mqarregime3salt1": ("benchmarks/results/probes/h100_2026-12-07_mqar_regime_salt1_3layers/probes.json", "H100"),
+    # its 4-layer group at salt 1 (FPA alone), from three calls' seed chunks
+    "mqarregime4salt1": ("benchmarks/results/probes/h100_2026-12-07_mqar_regime_salt1_4layers/probes.json", "H100"),
+    # its 2-layer group's FPA without the layer-1 bias, RoPE in layer 1, at salt 1, beside FPA (the same FPA row as
+    # mqarregimesalt1's; softmax with RoPE in layer 1 is still partial: "Runs to make")
+    "mqarregimerope1salt1": ("benchmarks/results/probes/h100_2026-12-07_mqar_regime_salt1_rope1/probes.json", "H100"),
     # the MQAR regime at T = 512, softmax alone at 9000 steps: lr 0.01 on seeds 0-7, lr 0.003 on seeds 4-7
     "mqar512": ("benchmarks/results/probes/h100_2026-12-06_mqar_t512_9000_s0-7/probes.json", "H100"),
     "mqar512lr": ("benchmarks/results/probes/h200_2026-12-06_mqar_t512_9000_lr0003_s4/probes.json", "H200"),
@@ -207,11 +212,16 @@ SALT_LINES = [
     Line("mqar, paper regime, 2 layers, 32 pairs, T=256", "mqarregimesalt1",
          title="mqar, paper regime, 2 layers, 32 pairs, T=256, salt 1", note="salt 1, as above"),
     Line("mqar, paper regime, 3 layers, 32 pairs, T=256", "mqarregime3salt1",
-         title="mqar, paper regime, 3 layers, 32 pairs, T=256, salt 1", note="salt 1, as above")]
+         title="mqar, paper regime, 3 layers, 32 pairs, T=256, salt 1", note="salt 1, as above"),
+    Line("mqar, paper regime, 4 layers, 32 pairs, T=256", "mqarregime4salt1",
+         title="mqar, paper regime, 4 layers, 32 pairs, T=256, salt 1", note="salt 1, as above"),
+    Line("mqar, paper regime, 2 layers, 32 pairs, T=256", "mqarregimerope1salt1", backends=("fpa_nobias1_rope",),
+         title="mqar, paper regime, 2 layers, 32 pairs, T=256: layer 1 softmax with RoPE, salt 1",
+         note="salt 1, as above")]
 """A data replicate (issue #45, item 5) of the H200 table's sequence-split lines: the split's hash keyed with another
 salt, so that another part of each sequence space is held out and the pool is drawn from the rest (of the MQAR paper
-regime only the 2-layer group's FPA, softmax and no-layer-1-bias rows and the 3-layer group's FPA so far;
-``dip_depth``'s replicate draws another pool and held-out set, ``--data-seed 1``)."""
+regime the 2-layer group's FPA, softmax and no-layer-1-bias rows, the 3- and 4-layer groups' FPA and the no-layer-1-bias
+row with RoPE in layer 1; ``dip_depth``'s replicate draws another pool and held-out set, ``--data-seed 1``)."""
 
 LINES = [
     Line("ladder, d=4, r=6", "h200"),

@@ -156,10 +156,10 @@ def test_the_tally_and_the_family_are_the_summarys():
     with_tests = [path for path, _ in SOURCES.values() if results(ROOT / path).get("comparisons")]
     assert sorted(str(p.relative_to(ROOT)) for p in committed) == sorted(with_tests)
     family = sign_family(load_sources(ROOT))
-    assert len(family) == sum(len(results(p)["comparisons"]) for p in committed) == 657
-    assert "all 657 committed sign tests" in flat(page())
+    assert len(family) == sum(len(results(p)["comparisons"]) for p in committed) == 658
+    assert "all 658 committed sign tests" in flat(page())
     smallest = min(c["p_tested"] for c in family)
-    assert smallest == pytest.approx(2**-15) and min(c["p_holm"] for c in family) == pytest.approx(657 * 2**-15)
+    assert smallest == pytest.approx(2**-15) and min(c["p_holm"] for c in family) == pytest.approx(658 * 2**-15)
 
 
 DEVICE_NAMES = ("H200", "H100", "CPU")
@@ -192,21 +192,19 @@ def test_a_lines_device_names_where_its_rows_trained():
     assert checked >= 6
 
 
-def test_every_sequence_split_line_but_the_mqar_regime_has_a_data_replicate():
+def test_every_sequence_split_line_has_a_data_replicate():
     """The page says every sequence-split line of the H200 table (and the CPU ablation beside it) has a data
-    replicate: a `--salt 1` line, or for dip_depth a `--data-seed 1` line; of the MQAR paper regime only the 2- and
-    3-layer groups', whose 4-layer row is a run to make."""
+    replicate: a `--salt 1` line, or for dip_depth a `--data-seed 1` line; the MQAR paper regime's too, every group and
+    the no-layer-1-bias row with RoPE in layer 1, whose softmax beside it (no paper count) is a run to make."""
     primary = {line.group for line in LINES if line.source in ("h200", "cpu")}
     replicated = {line.group for line in SALT_LINES} | {line.group for line in LINES
                                                         if line.source in ("dipdata1", "dip1data1")}
     assert primary - replicated == set()
     regime = {line.group for line in SALT_LINES if "paper regime" in line.group}
-    assert regime == {"mqar, paper regime, 2 layers, 32 pairs, T=256", "mqar, paper regime, 3 layers, 32 pairs, T=256"}
-    text = flat(page())
-    assert "but the MQAR paper regime's has a data replicate" in text
-    assert "the regime's 2-layer group has one since 2026-12-07" in text
-    assert "its 3-layer group since the same day's later calls" in text
-    assert '--salt 1 --groups "mqar, paper regime, 4 layers, 32 pairs, T=256"' in table_section("## Runs to make")
+    assert regime == {f"mqar, paper regime, {layers} layers, 32 pairs, T=256" for layers in (2, 3, 4)}
+    assert any(line.backends == ("fpa_nobias1_rope",) for line in SALT_LINES)
+    assert "So every sequence-split line of the H200 table has a data replicate" in flat(page())
+    assert "--backends fpa_nobias1_rope sdpa_rope1 --merge" in table_section("## Runs to make")
 
 
 def pending_commands(text: str) -> list[str]:
@@ -224,7 +222,7 @@ def test_every_pending_command_parses_and_selects_rows():
     from modules.probes.table import select
 
     commands = pending_commands(table_section("## Runs to make") + "\n".join(table_after(SUMMARY)))
-    assert len(commands) >= 2  # the table's two runs of item 5 (the summary has no pending line now)
+    assert len(commands) >= 1  # the table's run of item 5 (the summary has no pending line now)
     for command in commands:
         argv = shlex.split(command)[2:]
         parser = build_parser()

@@ -167,6 +167,8 @@ class Line:
     without a paper count are shown too."""
     device: str = ""
     """The device cell where it is not the source's (a merged file whose rows ran on two machines)."""
+    replicates: str = ""
+    """For a data replicate (another salt): the first cell of the line whose rows it repeats on other data."""
 
 
 T512_DROPPED = "the regime is dropped (\"Runs to make\", 2)"
@@ -199,7 +201,7 @@ two_families and push_pop, after their sequence-split lines: one run on the GPU 
 every row within two seeds, docs/probes.md "Status: what ran where")."""
 
 SALT_LINES = [
-    Line(group, source, title=f"{group}, salt 1",
+    Line(group, source, title=f"{group}, salt 1", replicates=group,
          note="another quarter of the space held out (`--salt 1`)" if i == 0 else "salt 1, as above")
     for i, (group, source) in enumerate(
         ladder_groups("laddersalt1", "unnamedsalt1")
@@ -210,14 +212,17 @@ SALT_LINES = [
         + [("copy", "restsalt1"), ("variable assignment", "restsalt1")]
         + [(f"mqar, {layers} layers", "mqarsalt1") for layers in (2, 3, 4)])] + [
     Line("mqar, paper regime, 2 layers, 32 pairs, T=256", "mqarregimesalt1",
-         title="mqar, paper regime, 2 layers, 32 pairs, T=256, salt 1", note="salt 1, as above"),
+         title="mqar, paper regime, 2 layers, 32 pairs, T=256, salt 1", note="salt 1, as above",
+         replicates="mqar, paper regime, 2 layers, 32 pairs, T=256"),
     Line("mqar, paper regime, 3 layers, 32 pairs, T=256", "mqarregime3salt1",
-         title="mqar, paper regime, 3 layers, 32 pairs, T=256, salt 1", note="salt 1, as above"),
+         title="mqar, paper regime, 3 layers, 32 pairs, T=256, salt 1", note="salt 1, as above",
+         replicates="mqar, paper regime, 3 layers, 32 pairs, T=256"),
     Line("mqar, paper regime, 4 layers, 32 pairs, T=256", "mqarregime4salt1",
-         title="mqar, paper regime, 4 layers, 32 pairs, T=256, salt 1", note="salt 1, as above"),
+         title="mqar, paper regime, 4 layers, 32 pairs, T=256, salt 1", note="salt 1, as above",
+         replicates="mqar, paper regime, 4 layers, 32 pairs, T=256"),
     Line("mqar, paper regime, 2 layers, 32 pairs, T=256", "mqarregimerope1salt1", backends=("fpa_nobias1_rope",),
          title="mqar, paper regime, 2 layers, 32 pairs, T=256: layer 1 softmax with RoPE, salt 1",
-         note="salt 1, as above")]
+         note="salt 1, as above", replicates="mqar, paper regime, 2 layers, 32 pairs, T=256: layer 1 softmax with RoPE")]
 """A data replicate (issue #45, item 5) of the H200 table's sequence-split lines: the split's hash keyed with another
 salt, so that another part of each sequence space is held out and the pool is drawn from the rest (of the MQAR paper
 regime the 2-layer group's FPA, softmax and no-layer-1-bias rows, the 3- and 4-layer groups' FPA and the no-layer-1-bias
@@ -390,6 +395,16 @@ def summary(root: Path, lines: list[Line] = LINES, spec: dict[str, tuple[str, st
     for e, p, adjusted in zip(counted, raw, holm(raw)):
         e.count_p, e.count_holm = p, adjusted
     return [_render(line, per_line.get(i), sources, spec) for i, line in enumerate(lines)]
+
+
+def replicate_verdicts(root: Path, lines: list[Line] = LINES,
+                       spec: dict[str, tuple[str, str]] = SOURCES) -> list[tuple[str, str, str]]:
+    """Each data replicate's verdict beside the one of the line it repeats (issue #45, item 5: does every verdict
+    hold on other data?): [(the replicate's first cell, the original's kind, the replicate's kind)]."""
+    kinds = {line: found["kind"] for line, found in zip(lines, summary(root, lines, spec))}
+    original = {line.title or line.group: kind for line, kind in kinds.items() if not line.replicates}
+    return [(line.title or line.group, original[line.replicates], kind) for line, kind in kinds.items()
+            if line.replicates]
 
 
 def _render(line: Line, found: list[Entry] | None, sources: dict[str, dict], spec: dict[str, tuple[str, str]]) -> dict:

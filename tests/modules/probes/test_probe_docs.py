@@ -207,6 +207,22 @@ def test_every_sequence_split_line_has_a_data_replicate():
     assert "--backends fpa_nobias1_rope sdpa_rope1 --merge" in table_section("## Runs to make")
 
 
+def test_the_replicates_verdicts_are_the_pages():
+    """Issue #45, item 5: whether every verdict holds on other data. Each `--salt 1` line is paired with the line it
+    repeats (by the first cell, unique on the page), and the page's count of kept verdicts and the lines that change
+    are the summary's."""
+    from modules.probes.verdicts import replicate_verdicts
+
+    first_cells = [line.title or line.group for line in LINES]
+    assert len(first_cells) == len(set(first_cells))
+    pairs = replicate_verdicts(ROOT)
+    assert {title for title, _, _ in pairs} == {line.title for line in SALT_LINES}
+    changed = {title: (before, after) for title, before, after in pairs if before != after}
+    assert changed == {"dip duration, fixed, salt 1": ("untestable", "contradicted"),
+                       "mqar, paper regime, 3 layers, 32 pairs, T=256, salt 1": ("contradicted", "reproduced")}
+    assert f"{len(pairs) - len(changed)} of the {len(pairs)} replicated lines keep their verdict" in flat(page())
+
+
 def pending_commands(text: str) -> list[str]:
     """Every command of a pending line of the summary and of the table of "Runs to make" (code spans that start
     with python eval.py), placeholders filled in."""

@@ -222,7 +222,8 @@ SALT_LINES = [
          replicates="mqar, paper regime, 4 layers, 32 pairs, T=256"),
     Line("mqar, paper regime, 2 layers, 32 pairs, T=256", "mqarregimerope1salt1", backends=("fpa_nobias1_rope",),
          title="mqar, paper regime, 2 layers, 32 pairs, T=256: layer 1 softmax with RoPE, salt 1",
-         note="salt 1, as above", replicates="mqar, paper regime, 2 layers, 32 pairs, T=256: layer 1 softmax with RoPE")]
+         note="salt 1, as above",
+         replicates="mqar, paper regime, 2 layers, 32 pairs, T=256: layer 1 softmax with RoPE")]
 """A data replicate (issue #45, item 5) of the H200 table's sequence-split lines: the split's hash keyed with another
 salt, so that another part of each sequence space is held out and the pool is drawn from the rest (of the MQAR paper
 regime the 2-layer group's FPA, softmax and no-layer-1-bias rows, the 3- and 4-layer groups' FPA and the no-layer-1-bias
@@ -401,9 +402,9 @@ def replicate_verdicts(root: Path, lines: list[Line] = LINES,
                        spec: dict[str, tuple[str, str]] = SOURCES) -> list[tuple[str, str, str]]:
     """Each data replicate's verdict beside the one of the line it repeats (issue #45, item 5: does every verdict
     hold on other data?): [(the replicate's first cell, the original's kind, the replicate's kind)]."""
-    kinds = {line: found["kind"] for line, found in zip(lines, summary(root, lines, spec))}
-    original = {line.title or line.group: kind for line, kind in kinds.items() if not line.replicates}
-    return [(line.title or line.group, original[line.replicates], kind) for line, kind in kinds.items()
+    pairs = list(zip(lines, summary(root, lines, spec)))
+    original = {line.title or line.group: found["kind"] for line, found in pairs if not line.replicates}
+    return [(line.title or line.group, original[line.replicates], found["kind"]) for line, found in pairs
             if line.replicates]
 
 

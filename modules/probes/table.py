@@ -2,7 +2,7 @@
 
 A group is one probe instance and one model shape, trained with several backends; within a group, FPA is compared
 with every other backend by the sign test. ``GROUPS`` lists them in the paper's order. Budgets are the groups'
-defaults; where a budget is not yet calibrated, docs/probes.md, "Runs to make" gives the sweep that calibrates it.
+defaults; the sweeps that calibrate them are in docs/probes.md, "Status: what ran where".
 """
 from __future__ import annotations
 
@@ -53,7 +53,8 @@ class Group:
 POSITIONAL_PEERS = ("sdpa", "nope", "alibi", "fox")
 LADDER = ("fpa", "fpa_stack", *POSITIONAL_PEERS)
 LADDER_STEPS = 1500
-"""The ladders' budget (docs/probes.md, "Runs to make": the r = 18 sweep at 4500 steps and two learning rates)."""
+"""The ladders' budget; docs/probes.md, "Status: what ran where", has the r = 18 sweep at 4500 steps and two
+learning rates that tests it."""
 
 
 def _ladder_groups() -> list[Group]:
@@ -81,7 +82,7 @@ def _unnamed_ladder_groups() -> list[Group]:
 DIP_SUM_PEERS = ("fpa", "fpa_dipsum", "selective", "fox")
 DIP_DEPTH_STEPS = 2000
 """The table's longest one-layer budget (as ``var_assign``), chosen from a CPU pilot (docs/probes.md, "Pilots");
-not calibrated: ``--steps 2000 6000`` sweeps it (docs/probes.md, "Runs to make")."""
+the sweep ``--steps 2000 6000`` tests it (docs/probes.md, "Status: what ran where")."""
 
 
 def _dip_depth_groups() -> list[Group]:

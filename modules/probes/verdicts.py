@@ -125,8 +125,8 @@ SOURCES = {
     "mqarregime3salt1": ("benchmarks/results/probes/h100_2026-12-07_mqar_regime_salt1_3layers/probes.json", "H100"),
     # its 4-layer group at salt 1 (FPA alone), from three calls' seed chunks
     "mqarregime4salt1": ("benchmarks/results/probes/h100_2026-12-07_mqar_regime_salt1_4layers/probes.json", "H100"),
-    # its 2-layer group's FPA without the layer-1 bias, RoPE in layer 1, at salt 1, beside FPA (the same FPA row as
-    # mqarregimesalt1's; softmax with RoPE in layer 1 is still partial: "Runs to make")
+    # its 2-layer group's FPA without the layer-1 bias and softmax, both with RoPE in layer 1, at salt 1, beside FPA
+    # (the same FPA row as mqarregimesalt1's)
     "mqarregimerope1salt1": ("benchmarks/results/probes/h100_2026-12-07_mqar_regime_salt1_rope1/probes.json", "H100"),
     # the MQAR regime at T = 512, softmax alone at 9000 steps: lr 0.01 on seeds 0-7, lr 0.003 on seeds 4-7
     "mqar512": ("benchmarks/results/probes/h100_2026-12-06_mqar_t512_9000_s0-7/probes.json", "H100"),
@@ -220,7 +220,7 @@ SALT_LINES = [
     Line("mqar, paper regime, 4 layers, 32 pairs, T=256", "mqarregime4salt1",
          title="mqar, paper regime, 4 layers, 32 pairs, T=256, salt 1", note="salt 1, as above",
          replicates="mqar, paper regime, 4 layers, 32 pairs, T=256"),
-    Line("mqar, paper regime, 2 layers, 32 pairs, T=256", "mqarregimerope1salt1", backends=("fpa_nobias1_rope",),
+    Line("mqar, paper regime, 2 layers, 32 pairs, T=256", "mqarregimerope1salt1", backends=("fpa_nobias1_rope", "sdpa_rope1"),
          title="mqar, paper regime, 2 layers, 32 pairs, T=256: layer 1 softmax with RoPE, salt 1",
          note="salt 1, as above",
          replicates="mqar, paper regime, 2 layers, 32 pairs, T=256: layer 1 softmax with RoPE")]

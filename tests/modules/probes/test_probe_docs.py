@@ -156,10 +156,10 @@ def test_the_tally_and_the_family_are_the_summarys():
     with_tests = [path for path, _ in SOURCES.values() if results(ROOT / path).get("comparisons")]
     assert sorted(str(p.relative_to(ROOT)) for p in committed) == sorted(with_tests)
     family = sign_family(load_sources(ROOT))
-    assert len(family) == sum(len(results(p)["comparisons"]) for p in committed) == 658
-    assert "all 658 committed sign tests" in flat(page())
+    assert len(family) == sum(len(results(p)["comparisons"]) for p in committed) == 659
+    assert "all 659 committed sign tests" in flat(page())
     smallest = min(c["p_tested"] for c in family)
-    assert smallest == pytest.approx(2**-15) and min(c["p_holm"] for c in family) == pytest.approx(658 * 2**-15)
+    assert smallest == pytest.approx(2**-15) and min(c["p_holm"] for c in family) == pytest.approx(659 * 2**-15)
 
 
 DEVICE_NAMES = ("H200", "H100", "CPU")
@@ -195,16 +195,17 @@ def test_a_lines_device_names_where_its_rows_trained():
 def test_every_sequence_split_line_has_a_data_replicate():
     """The page says every sequence-split line of the H200 table (and the CPU ablation beside it) has a data
     replicate: a `--salt 1` line, or for dip_depth a `--data-seed 1` line; the MQAR paper regime's too, every group and
-    the no-layer-1-bias row with RoPE in layer 1, whose softmax beside it (no paper count) is a run to make."""
+    the no-layer-1-bias row and softmax, both with RoPE in layer 1; so no run is left to make."""
     primary = {line.group for line in LINES if line.source in ("h200", "cpu")}
     replicated = {line.group for line in SALT_LINES} | {line.group for line in LINES
                                                         if line.source in ("dipdata1", "dip1data1")}
     assert primary - replicated == set()
     regime = {line.group for line in SALT_LINES if "paper regime" in line.group}
     assert regime == {f"mqar, paper regime, {layers} layers, 32 pairs, T=256" for layers in (2, 3, 4)}
-    assert any(line.backends == ("fpa_nobias1_rope",) for line in SALT_LINES)
+    assert any(line.backends == ("fpa_nobias1_rope", "sdpa_rope1") for line in SALT_LINES)
     assert "So every sequence-split line of the H200 table has a data replicate" in flat(page())
-    assert "--backends fpa_nobias1_rope sdpa_rope1 --merge" in table_section("## Runs to make")
+    assert tally(ROOT)["pending"] == 0
+    assert "No run is left to make" in flat(table_section("## Runs to make"))
 
 
 def test_the_replicates_verdicts_are_the_pages():
@@ -223,22 +224,23 @@ def test_the_replicates_verdicts_are_the_pages():
     assert f"{len(pairs) - len(changed)} of the {len(pairs)} replicated lines keep their verdict" in flat(page())
 
 
-def pending_commands(text: str) -> list[str]:
-    """Every command of a pending line of the summary and of the table of "Runs to make" (code spans that start
-    with python eval.py), placeholders filled in."""
+def probe_commands(text: str) -> list[str]:
+    """Every probes command in ``text`` (code spans that start with python eval.py), placeholders filled in."""
     spans = re.findall(r"`(python eval\.py --task probes[^`]*)`", text)
     return [span.replace("--lr LR", "--lr 0.01") for span in spans]
 
 
-def test_every_pending_command_parses_and_selects_rows():
-    """The commands the page gives for the runs still to be made parse as eval.py command lines, pass the probes
-    task's checks and select rows of the table (nothing is trained)."""
+def test_every_command_parses_and_selects_rows():
+    """The commands the page gives, those that made the committed files ("Status: what ran where") and any for runs
+    still to be made, parse as eval.py command lines of today's code, pass the probes task's checks, select rows of
+    the table and merge only committed files (nothing is trained)."""
     from modules.evaluation.cli import build_parser, check_args
     from modules.evaluation.tasks import probes as task
     from modules.probes.table import select
 
-    commands = pending_commands(table_section("## Runs to make") + "\n".join(table_after(SUMMARY)))
-    assert len(commands) >= 1  # the table's run of item 5 (the summary has no pending line now)
+    commands = probe_commands(table_section("## Status: what ran where") + table_section("## Runs to make")
+                              + "\n".join(table_after(SUMMARY)))
+    assert len(commands) >= 9  # the status table's GPU runs (the CPU's are written as argument lists)
     for command in commands:
         argv = shlex.split(command)[2:]
         parser = build_parser()

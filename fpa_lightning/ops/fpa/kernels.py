@@ -761,6 +761,9 @@ def _dq_step(q, do, K, V, SUF, ZSUF, PSIP, BMIN, ZBLK, CARRY, SEGP, A_PARTIAL, K
     # die before the next starts): its tile (a skipped tile contributes nothing, but the field kernel reads
     # every visited entry of A_PARTIAL and KAPPA), then block J joins mid and zmid
     BN: tl.constexpr = BS // NSUB
+    if not DIPSUM:  # block J's minimum and normaliser, loaded before the tile so that their latency hides behind it
+        bm = tl.load(BMIN + bh * nB + J)
+        zb = tl.load(ZBLK + bh * nB + J)
     keep = True
     if SKIP:
         offs_blk = J * BS + tl.arange(0, BS)
@@ -786,8 +789,6 @@ def _dq_step(q, do, K, V, SUF, ZSUF, PSIP, BMIN, ZBLK, CARRY, SEGP, A_PARTIAL, K
         tl.store(A_PARTIAL + (bh * nB + I) * Tp + J * BS + tl.arange(0, BS), tl.zeros([BS], tl.float32))
     if not DIPSUM:
         tl.store(KAPPA + (bh * nB + J) * nB + I, kap)
-        bm = tl.load(BMIN + bh * nB + J)
-        zb = tl.load(ZBLK + bh * nB + J)
         mid_new = tl.minimum(mid, bm)
         zmid = zmid * tl.exp(mid_new - mid) + zb * tl.exp(mid_new - bm)
         mid = mid_new

@@ -5,8 +5,9 @@
 #      (benchmarks/candidates/*.patch) in the same five groups, all in parallel;
 #   2. benchmarks/attention.py: SDPA-flash, FPA dense and with skipping, and each variant (query, dipsum, docs);
 #   3. the timing of each candidate whose tests passed, alternating with the base's for AB_ROUNDS rounds (default 2),
-#      each in its own process (ratios to its own SDPA-flash; dense, skip and documents, or CANDIDATE_METHODS), and
-#      whether its output and gradients are the base's bit for bit (benchmarks/candidates/same_numbers.py).
+#      each in its own process (ratios to its own SDPA-flash; dense, skip and documents, or CANDIDATE_METHODS), each
+#      kernel's CUDA time on base and candidate (attention.py --profile), and whether its output and gradients are
+#      the base's bit for bit (benchmarks/candidates/same_numbers.py).
 #   bash benchmarks/kernel_check.sh [results folder]
 #   CANDIDATES="NAME1 NAME2" bash benchmarks/kernel_check.sh           # only these candidates (names
 #                                                       of benchmarks/candidates/*.patch; default all, "" for none)
@@ -77,7 +78,15 @@ for ((round = 1; round <= ${AB_ROUNDS:-2} && ${#passed[@]} > 0; round++)); do
             "$candidate_methods" || status=1
     done
 done
+# each kernel's own CUDA time on each tree (attention.py --profile, one process a tree): it resolves a change to one
+# kernel that the rounds' spread of whole fwd+bwd times hides (KERNEL_LOG, v9.11)
+rm -f "$out"/profile_*.log
+if ((${#passed[@]} > 0)); then
+    bash benchmarks/candidates/ab.sh profile . "$out/profile_base.log" "$shapes" "$candidate_methods" || status=1
+fi
 for name in "${passed[@]}"; do
+    bash benchmarks/candidates/ab.sh profile "${trees[$name]}" "$out/profile_candidate_$name.log" "$shapes" \
+        "$candidate_methods" || status=1
     bash benchmarks/candidates/ab.sh same "${trees[$name]}" > "$out/same_candidate_$name.log" 2>&1 || status=1
 done
 summary() {
@@ -87,6 +96,8 @@ summary() {
         echo "== candidate $name (timed only if its tests passed)"
         [ -f "$out/timing_candidate_${name}_1.log" ] && bash benchmarks/candidates/ab.sh table "$name" \
             "$(echo "$out"/timing_base_*.log)" "$(echo "$out"/timing_candidate_"${name}"_*.log)"
+        [ -f "$out/profile_candidate_$name.log" ] && python3 benchmarks/candidates/check_record.py "$out" \
+            --kernel-table "$name"
         [ -f "$out/same_candidate_$name.log" ] && cat "$out/same_candidate_$name.log"
     done
     echo "== benchmarks/attention.py, one run (ratios to SDPA-flash)"

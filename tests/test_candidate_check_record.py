@@ -62,3 +62,30 @@ def test_a_folder_without_a_gpu_run_is_refused(tmp_path):
     with pytest.raises(SystemExit, match="nothing ran on a GPU"):
         check_record.main([str(folder)])
     assert not (folder / "record.json").exists()
+
+
+def profile_log(field_ms: float) -> str:
+    """attention.py --profile's lines as it prints them: names cut at 40 characters, some holding commas."""
+    return ("  8x2048 fpa: kernels 1.469 ms of a 1.608 ms step, 9 distinct; _fpa_bwd_dq_kernel 0.490, "
+            f"_fpa_bwd_dkdv_kernel 0.390, _fpa_field_kernel {field_ms:.3f}, void at::reduce_kernel<512, 1, at::Re 0.007\n"
+            "  1x16384 fpa: kernels 7.326 ms of a 7.450 ms step, 9 distinct; _fpa_bwd_dq_kernel 2.915\n")
+
+
+def test_per_kernel_times_go_into_the_record_and_a_table(tmp_path, capsys):
+    folder = results(tmp_path)
+    (folder / "profile_base.log").write_text(profile_log(0.256))
+    (folder / "profile_candidate_fpa_lse_fold.log").write_text(profile_log(0.194))
+    rec = check_record.record(folder, "cmd")
+    base = rec["per_kernel"]["base"]
+    assert [(r["shape"], r["kernels_ms"], r["step_ms"]) for r in base] == [("8x2048", 1.469, 1.608),
+                                                                            ("1x16384", 7.326, 7.450)]
+    # a name with commas stays whole; every listed kernel is kept
+    assert base[0]["kernels"] == {"_fpa_bwd_dq_kernel": 0.49, "_fpa_bwd_dkdv_kernel": 0.39, "_fpa_field_kernel": 0.256,
+                                  "void at::reduce_kernel<512, 1, at::Re": 0.007}
+    assert rec["per_kernel"]["fpa_lse_fold"][0]["kernels"]["_fpa_field_kernel"] == 0.194
+    assert check_record.main([str(folder), "--kernel-table", "fpa_lse_fold"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0] == "| shape | method | kernel | base ms | fpa_lse_fold ms | change |"
+    assert "| 8x2048 | fpa | _fpa_field_kernel | 0.256 | 0.194 | -24.2 % |" in table
+    assert "| 8x2048 | fpa | _fpa_bwd_dq_kernel | 0.490 | 0.490 | +0.0 % |" in table
+    assert len(table) == 2 + 5  # four kernels at 8x2048, one at 1x16384

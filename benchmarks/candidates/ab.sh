@@ -2,7 +2,8 @@
 # GPU A/B of a kernel candidate: correctness first, then timing. Run from the repository root on the GPU machine.
 #   bash benchmarks/candidates/ab.sh PATCH [shapes] [methods]     all steps, one table at the end
 #   bash benchmarks/candidates/ab.sh tree PATCH                   only print a patched copy's folder
-#   bash benchmarks/candidates/ab.sh test DIR | time DIR LOG [shapes] [methods] | same DIR
+#   bash benchmarks/candidates/ab.sh test DIR | time DIR LOG [shapes] [methods] | profile DIR LOG [shapes] [methods]
+#   | same DIR
 # tree: copies the library, the benchmarks and the kernel tests into a temporary folder and applies the patch there.
 # test: the GPU tests of the default variant on that copy (-x: a failure stops the A/B before any timing); AB_TESTS
 # (test files) replaces them for a candidate of another op, e.g. AB_TESTS="tests/ops/dcp/test_dcp_fused.py
@@ -12,6 +13,9 @@
 # time: benchmarks/attention.py in that copy, in its own process; every number is a ratio to SDPA-flash measured in
 # the same process. The full run times the base the same way, alternating with the candidate for AB_ROUNDS rounds
 # (default 2), and prints base and candidate side by side, each cell the range over the rounds.
+# profile: benchmarks/attention.py --profile in that copy, its own process: CUDA ms of each kernel in one fwd+bwd. A
+# kernel's own time varies far less between processes than a whole fwd+bwd (KERNEL_LOG, v9.11), so a change to one
+# kernel shows there when the rounds' spread hides it.
 # Adopt only what is faster on the GPU, and log the A/B in benchmarks/KERNEL_LOG.md.
 set -euo pipefail
 export PYTHONUNBUFFERED=1
@@ -41,6 +45,11 @@ run_tests() {
 
 run_timing() {  # DIR LOG [shapes] [methods]
     (cd "$1" && PYTHONPATH=. python3 benchmarks/attention.py --shapes "${3:-$SHAPES}" --methods "${4:-$METHODS}") > "$2" 2>&1
+}
+
+run_profile() {  # DIR LOG [shapes] [methods]
+    (cd "$1" && PYTHONPATH=. python3 benchmarks/attention.py --profile --shapes "${3:-$SHAPES}" \
+        --methods "${4:-$METHODS}") > "$2" 2>&1
 }
 
 table() {  # NAME "BASE_LOG..." "CANDIDATE_LOG...": forward and fwd+bwd ratios side by side, a range over rounds
@@ -77,6 +86,7 @@ case "$1" in
     tree) tree "$2" ;;
     test) run_tests "$2" ;;
     time) run_timing "$2" "$3" "${4:-}" "${5:-}" ;;
+    profile) run_profile "$2" "$3" "${4:-}" "${5:-}" ;;
     same) python3 benchmarks/candidates/same_numbers.py . "$2" ;;
     table) table "$2" "$3" "$4" ;;
     *)

@@ -4,8 +4,11 @@ benchmarks/results/ keeps is the folder's content, not a copy made by hand.
 
     python3 benchmarks/candidates/check_record.py RESULTS [--command "..."] [--out RESULTS/record.json]
 
+    python3 benchmarks/candidates/check_record.py RESULTS --kernel-table NAME   # base against NAME, kernel by kernel
+
 It reads RESULTS/tests_*.log (each test process's last line), timing_base_N.log and timing_candidate_NAME_N.log
-(benchmarks/attention.py's table and its GPU line, per round), same_candidate_NAME.log (same_numbers.py's table) and
+(benchmarks/attention.py's table and its GPU line, per round), profile_base.log and profile_candidate_NAME.log
+(attention.py --profile: CUDA ms of each kernel), same_candidate_NAME.log (same_numbers.py's table) and
 attention.log, and writes what, command, machine, versions and date (from attention.py's GPU line) with the numbers.
 """
 from __future__ import annotations
@@ -18,6 +21,10 @@ from pathlib import Path
 GPU_LINE = re.compile(r"GPU (?P<gpu>.+?) \| torch (?P<torch>\S+) \| triton (?P<triton>\S+) \| (?P<when>\S+)")
 TIMING_ROW = re.compile(r"\| (\S+) \| (\S+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \|")
 ROUND_LOG = re.compile(r"timing_(?:base|candidate_(?P<name>.+))_(?P<round>\d+)\.log")
+PROFILE_LOG = re.compile(r"profile_(?:base|candidate_(?P<name>.+))\.log")
+PROFILE_LINE = re.compile(r"^\s*(?P<shape>\d+x\d+) (?P<method>\S+): kernels (?P<kernels>[\d.]+) ms of a (?P<step>[\d.]+) ms "
+                          r"step, \d+ distinct; (?P<rest>.*)$")
+KERNEL_MS = re.compile(r"(?P<kernel>.+?) (?P<ms>\d+\.\d{3})(?:, |$)")
 
 
 def timing(path: Path) -> dict:
@@ -37,6 +44,41 @@ def same_numbers(path: Path) -> list[dict]:
         return []
     header = [cell.strip() for cell in lines[0].strip("|").split("|")]
     return [dict(zip(header, (cell.strip() for cell in line.strip("|").split("|")))) for line in lines[2:]]
+
+
+def profile(path: Path) -> list[dict]:
+    """attention.py --profile's lines: per shape and method, the kernels' summed and the step's CUDA ms and each
+    listed kernel's (its name cut at 40 characters, as printed; a name may hold commas, a time never)."""
+    found = []
+    for line in path.read_text().splitlines():
+        m = PROFILE_LINE.match(line)
+        if m:
+            kernels = {k["kernel"]: float(k["ms"]) for k in KERNEL_MS.finditer(m["rest"])}
+            found.append({"shape": m["shape"], "method": m["method"], "kernels_ms": float(m["kernels"]),
+                          "step_ms": float(m["step"]), "kernels": kernels})
+    return found
+
+
+def profiles(folder: Path) -> dict[str, list[dict]]:
+    """"base" and each candidate's name -> its per-kernel profile."""
+    return {m["name"] or "base": profile(path) for path in sorted(folder.glob("profile_*.log"))
+            if (m := PROFILE_LOG.fullmatch(path.name))}
+
+
+def kernel_table(folder: Path, name: str) -> list[str]:
+    """Base against one candidate, kernel by kernel: a markdown table of CUDA ms per shape and method."""
+    found = profiles(folder)
+    base = {(r["shape"], r["method"]): r for r in found.get("base", [])}
+    lines = [f"| shape | method | kernel | base ms | {name} ms | change |", "|---|---|---|---|---|---|"]
+    for row in found.get(name, []):
+        other = base.get((row["shape"], row["method"]), {"kernels": {}})
+        for kernel in sorted(set(row["kernels"]) | set(other["kernels"]),
+                             key=lambda k: -max(row["kernels"].get(k, 0.0), other["kernels"].get(k, 0.0))):
+            b, c = other["kernels"].get(kernel), row["kernels"].get(kernel)
+            change = f"{(c / b - 1) * 100:+.1f} %" if b and c else "-"
+            cells = [f"{x:.3f}" if x is not None else "-" for x in (b, c)]
+            lines.append(f"| {row['shape']} | {row['method']} | {kernel} | {cells[0]} | {cells[1]} | {change} |")
+    return lines
 
 
 def rounds(folder: Path) -> dict[str, list[dict]]:
@@ -73,6 +115,7 @@ def record(folder: Path, command: str) -> dict:
         "tests": tests,
         "same_numbers": same,
         "rounds": timed,
+        "per_kernel": profiles(folder),
         "attention": attention,
     }
 
@@ -82,7 +125,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("results", type=Path, help="a kernel_check.sh results folder")
     ap.add_argument("--command", default="bash benchmarks/kernel_check.sh RESULTS", help="the command that made it")
     ap.add_argument("--out", type=Path, help="where to write (default RESULTS/record.json)")
+    ap.add_argument("--kernel-table", metavar="NAME", help="print base against candidate NAME kernel by kernel instead")
     args = ap.parse_args(argv)
+    if args.kernel_table:
+        print("\n".join(kernel_table(args.results, args.kernel_table)))
+        return 0
     out = args.out or args.results / "record.json"
     out.write_text(json.dumps(record(args.results, args.command), indent=1) + "\n")
     print(f"check_record: wrote {out}")

@@ -45,8 +45,8 @@ _LAUNCH = {
     "fwd": {"num_warps": 4, "num_stages": 3},
     "dq": {"num_warps": 4, "num_stages": 3},
     "dkdv": {"num_warps": 4, "num_stages": 2},
-    # the field kernel issues at a third of the peak with 247 registers (two blocks an SM): under a cap of 128, four
-    # blocks fit and it takes a quarter to a third less time (KERNEL_LOG.md, "FPA, the fused kernel", v9.11)
+    # the field kernel's warps wait on memory, and uncapped only two blocks fit an SM: under the cap four fit, and it
+    # runs faster though it spills outside its loops (KERNEL_LOG.md, "FPA, the fused kernel", v9.11)
     "field": {"num_warps": 4, "num_stages": 3, "maxnreg": 128},
     "dip_carry": {"num_warps": 4, "num_stages": 2},
     "dipsum_bwd": {"num_warps": 4, "num_stages": 2},

@@ -22,8 +22,8 @@ GPU_LINE = re.compile(r"GPU (?P<gpu>.+?) \| torch (?P<torch>\S+) \| triton (?P<t
 TIMING_ROW = re.compile(r"\| (\S+) \| (\S+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \|")
 ROUND_LOG = re.compile(r"timing_(?:base|candidate_(?P<name>.+))_(?P<round>\d+)\.log")
 PROFILE_LOG = re.compile(r"profile_(?:base|candidate_(?P<name>.+))\.log")
-PROFILE_LINE = re.compile(r"^\s*(?P<shape>\d+x\d+) (?P<method>\S+): kernels (?P<kernels>[\d.]+) ms of a (?P<step>[\d.]+) ms "
-                          r"step, \d+ distinct; (?P<rest>.*)$")
+PROFILE_LINE = re.compile(r"^\s*(?P<shape>\d+x\d+) (?P<method>\S+): kernels (?P<kernels>[\d.]+) ms of a "
+                          r"(?P<step>[\d.]+) ms step, \d+ distinct; (?P<rest>.*)$")
 KERNEL_MS = re.compile(r"(?P<kernel>.+?) (?P<ms>\d+\.\d{3})(?:, |$)")
 
 

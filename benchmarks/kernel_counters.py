@@ -35,7 +35,6 @@ STALL = re.compile(r"^smsp__average_warps_issue_stalled_(\w+)_per_issue_active\.
 METRICS = {
     "time_us": ("gpu__time_duration.sum", 1),  # in µs whatever unit ncu chose (`TIME_UNITS`)
     "registers": ("launch__registers_per_thread", 1),
-    "warps_per_block": ("launch__warps_per_block", 1),  # absent in some versions: block size / 32 below
     "block_size": ("launch__block_size", 1),
     "grid_size": ("launch__grid_size", 1),
     "blocks_per_sm_limit": ("launch__occupancy_limit_registers", 1),

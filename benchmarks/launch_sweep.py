@@ -24,7 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks" / "candidates"))
-from check_record import PROFILE_LINE, KERNEL_MS  # noqa: E402  (attention.py --profile's lines, parsed once)
+from check_record import profile_text  # noqa: E402  (attention.py --profile's lines, parsed once)
 
 SETTING = re.compile(r"FPA_(FWD|DQ|DKDV|FIELD|DIP_CARRY|DIPSUM_BWD|DPHI_SUM)_(WARPS|STAGES|MAXNREG)=\d+"
                      r"|FPA_(DQ|DKDV)_SUBTILES=\d+")
@@ -43,12 +43,7 @@ def parse_setting(text: str) -> dict[str, str]:
 
 def profile_lines(text: str) -> dict[tuple[str, str], dict[str, float]]:
     """(shape, method) -> {kernel: ms} from attention.py --profile's output."""
-    found = {}
-    for line in text.splitlines():
-        m = PROFILE_LINE.match(line)
-        if m:
-            found[(m["shape"], m["method"])] = {k["kernel"]: float(k["ms"]) for k in KERNEL_MS.finditer(m["rest"])}
-    return found
+    return {(row["shape"], row["method"]): row["kernels"] for row in profile_text(text)}
 
 
 def run_setting(env_update: dict[str, str], shapes: str, methods: str) -> tuple[dict, str]:

@@ -46,17 +46,22 @@ def same_numbers(path: Path) -> list[dict]:
     return [dict(zip(header, (cell.strip() for cell in line.strip("|").split("|")))) for line in lines[2:]]
 
 
-def profile(path: Path) -> list[dict]:
+def profile_text(text: str) -> list[dict]:
     """attention.py --profile's lines: per shape and method, the kernels' summed and the step's CUDA ms and each
     listed kernel's (its name cut at 40 characters, as printed; a name may hold commas, a time never)."""
     found = []
-    for line in path.read_text().splitlines():
+    for line in text.splitlines():
         m = PROFILE_LINE.match(line)
         if m:
             kernels = {k["kernel"]: float(k["ms"]) for k in KERNEL_MS.finditer(m["rest"])}
             found.append({"shape": m["shape"], "method": m["method"], "kernels_ms": float(m["kernels"]),
                           "step_ms": float(m["step"]), "kernels": kernels})
     return found
+
+
+def profile(path: Path) -> list[dict]:
+    """A profile log's lines (``profile_text``)."""
+    return profile_text(path.read_text())
 
 
 def profiles(folder: Path) -> dict[str, list[dict]]:

@@ -33,24 +33,24 @@ STALL = re.compile(r"^smsp__average_warps_issue_stalled_(\w+)_per_issue_active\.
 """ncu's stall reasons: warps stalled for a reason per issued instruction, averaged over the schedulers."""
 
 METRICS = {
-    "time_us": ("gpu__time_duration.sum", 1),  # in µs whatever unit ncu chose (`TIME_UNITS`)
-    "registers": ("launch__registers_per_thread", 1),
-    "block_size": ("launch__block_size", 1),
-    "grid_size": ("launch__grid_size", 1),
-    "blocks_per_sm_limit": ("launch__occupancy_limit_registers", 1),
-    "achieved_occupancy_pct": ("sm__warps_active.avg.pct_of_peak_sustained_active", 1),
-    "warps_active_per_scheduler": ("smsp__warps_active.avg.per_cycle_active", 1),
-    "warps_eligible_per_scheduler": ("smsp__warps_eligible.avg.per_cycle_active", 1),
-    "issue_active_pct": ("smsp__issue_active.avg.pct_of_peak_sustained_active", 1),
-    "instructions_issued": ("smsp__inst_issued.sum", 1),
-    "sm_throughput_pct": ("sm__throughput.avg.pct_of_peak_sustained_elapsed", 1),
-    "dram_throughput_pct": ("gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed", 1),
-    "tensor_pipe_pct": ("sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active", 1),
-    "fma_pipe_pct": ("sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active", 1),
-    "alu_pipe_pct": ("sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active", 1),
-    "xu_pipe_pct": ("sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active", 1),  # special functions
+    "time_us": "gpu__time_duration.sum",  # in µs whatever unit ncu chose (`TIME_UNITS`)
+    "registers": "launch__registers_per_thread",
+    "block_size": "launch__block_size",
+    "grid_size": "launch__grid_size",
+    "blocks_per_sm_limit": "launch__occupancy_limit_registers",
+    "achieved_occupancy_pct": "sm__warps_active.avg.pct_of_peak_sustained_active",
+    "warps_active_per_scheduler": "smsp__warps_active.avg.per_cycle_active",
+    "warps_eligible_per_scheduler": "smsp__warps_eligible.avg.per_cycle_active",
+    "issue_active_pct": "smsp__issue_active.avg.pct_of_peak_sustained_active",
+    "instructions_issued": "smsp__inst_issued.sum",
+    "sm_throughput_pct": "sm__throughput.avg.pct_of_peak_sustained_elapsed",
+    "dram_throughput_pct": "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed",
+    "tensor_pipe_pct": "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
+    "fma_pipe_pct": "sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active",
+    "alu_pipe_pct": "sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active",
+    "xu_pipe_pct": "sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active",  # special functions
 }
-"""The summary's columns: our name → (ncu's metric, scale). A metric this ncu does not report is left out."""
+"""The summary's columns: our name → ncu's metric. A metric this ncu does not report is left out."""
 
 TIME_UNITS = {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6,
               "nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}
@@ -83,10 +83,10 @@ def read_raw(path: Path) -> list[dict[str, str]]:
 def kernel_summary(row: dict[str, str]) -> dict:
     """One launch's columns of the summary; the stall reasons sorted, largest first, those under 0.05 left out."""
     out = {"kernel": row.get("Kernel Name", "?")}
-    for name, (metric, scale) in METRICS.items():
+    for name, metric in METRICS.items():
         value = number(row.get(metric, ""))
         if value is not None:
-            out[name] = round(value * scale, 3)
+            out[name] = round(value, 3)
     stalls = {m.group(1): number(v) for k, v in row.items() if (m := STALL.match(k)) and number(v) is not None}
     out["stalls_per_issue"] = {k: round(v, 3) for k, v in sorted(stalls.items(), key=lambda kv: -kv[1]) if v >= 0.05}
     return out

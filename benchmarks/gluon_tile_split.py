@@ -31,6 +31,7 @@ cta_barrier = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import kernel_offline  # noqa: E402  (ptxas, nvdisasm and the SASS loop counts, shared)
+from fpa_lightning.ops.fpa.kernels import LOG2E  # noqa: E402  (the kernels' own constant)
 
 
 @gluon.jit
@@ -84,11 +85,11 @@ def fast_tiles(K, V, Q, DO, TVEC, SVEC, MIDS, A_OUT, C_OUT, DQ_OUT, nJ, sl2, bl2
         dpT = warpgroup_mma(v_s, do_s.permute((1, 0)), zero, use_acc=False)
         # the fast tile's factors (as _fast_tile_factors): one exponential per query, one per key
         d = pre - mid
-        E = gl.exp2(-gl.abs(d) * 1.4426950408889634)
+        E = gl.exp2(-gl.abs(d) * LOG2E)
         before = d < 0.0
         y = gl.where(before, E, 1.0)
         e3 = gl.where(before, 1.0, E)
-        es = gl.exp2((mid - kvec) * 1.4426950408889634)
+        es = gl.exp2((mid - kvec) * LOG2E)
         x = zsuf * es + 0.5
         m_t = gl.minimum(pre, mid)
         dlt = m_t[None, :] - psi[:, None]

@@ -220,14 +220,16 @@ SALT_LINES = [
     Line("mqar, paper regime, 4 layers, 32 pairs, T=256", "mqarregime4salt1",
          title="mqar, paper regime, 4 layers, 32 pairs, T=256, salt 1", note="salt 1, as above",
          replicates="mqar, paper regime, 4 layers, 32 pairs, T=256"),
-    Line("mqar, paper regime, 2 layers, 32 pairs, T=256", "mqarregimerope1salt1", backends=("fpa_nobias1_rope", "sdpa_rope1"),
+    Line("mqar, paper regime, 2 layers, 32 pairs, T=256", "mqarregimerope1salt1",
+         backends=("fpa_nobias1_rope", "sdpa_rope1"),
          title="mqar, paper regime, 2 layers, 32 pairs, T=256: layer 1 softmax with RoPE, salt 1",
          note="salt 1, as above",
          replicates="mqar, paper regime, 2 layers, 32 pairs, T=256: layer 1 softmax with RoPE")]
 """A data replicate (issue #45, item 5) of the H200 table's sequence-split lines: the split's hash keyed with another
 salt, so that another part of each sequence space is held out and the pool is drawn from the rest (of the MQAR paper
-regime the 2-layer group's FPA, softmax and no-layer-1-bias rows, the 3- and 4-layer groups' FPA and the no-layer-1-bias
-row with RoPE in layer 1; ``dip_depth``'s replicate draws another pool and held-out set, ``--data-seed 1``)."""
+regime the 2-layer group's FPA, softmax and no-layer-1-bias rows, the 3- and 4-layer groups' FPA, and the
+no-layer-1-bias and softmax rows with RoPE in layer 1; ``dip_depth``'s replicate draws another pool and held-out
+set, ``--data-seed 1``)."""
 
 LINES = [
     Line("ladder, d=4, r=6", "h200"),

@@ -16,6 +16,9 @@ after the table, a `failed` list in the JSON (written after every run) and exit 
 --mfu adds the model TFLOP/s and MFU (fpa_lightning/analysis/flops.py: the FLOPs per training token of the model and
 length, over the device's peak dense bf16 FLOP/s from its name, or --peak-tflops) as two more columns.
 
+--tile-census (with --skip, FPA alone) adds, after training, each layer's fraction of the 64 × 64 tiles that the
+skip keeps on one batch of its own fields: what the skip can save on this model at this point of training.
+
     python benchmarks/train_throughput.py --configs fpa fox sdpa --steps 300 --batch-size 16
     python benchmarks/train_throughput.py --configs fpa fox sdpa --variants base compile document_mask
     python benchmarks/train_throughput.py --configs fpa selective dcp --batch-size 1 --seq-len 16384 --steps 40
@@ -117,6 +120,7 @@ def measure(backend: str, variant: str, args) -> dict:
         callbacks=[timer], enable_model_summary=False,
     )
     trainer.fit(module, datamodule=data)
+    census = tile_census(module.model, data, args.skip) if args.tile_census else None
     tokens = timer.timed_steps * args.batch_size * data.seq_len
     seconds = timer.end - timer.start
     throughput = {}
@@ -136,8 +140,21 @@ def measure(backend: str, variant: str, args) -> dict:
         "cuda_ms_per_step": {k: round(v, 2) for k, v in sorted(timer.kernel_ms.items())},
         "top_kernels": timer.top_kernels,
         "activation_checkpointing": config.activation_checkpointing,
+        **({"kept_tiles": census} if census is not None else {}),
         **throughput,
     }
+
+
+def tile_census(model, data, threshold: float) -> dict:
+    """After training: on one batch of the training data, per layer, the fraction of off-diagonal 64 × 64 tiles
+    whose largest bias is ≥ threshold (what skipping at that threshold computes; fpa_lightning/analysis/tiles.py),
+    from the probe path's fields, and its mean over layers."""
+    from fpa_lightning.analysis.tiles import kept_tile_fraction
+
+    input_ids = next(iter(data.train_dataloader()))["input_ids"].to(next(model.parameters()).device)
+    per_layer = [kept_tile_fraction(probe, threshold).mean().item() for probe in model.probe(input_ids)]
+    return {"threshold": threshold, "per_layer": [round(f, 4) for f in per_layer],
+            "mean": round(sum(per_layer) / len(per_layer), 4)}
 
 
 def main() -> None:
@@ -162,7 +179,12 @@ def main() -> None:
     parser.add_argument("--profile-steps", type=int, default=0,
                         help="profile the last N steps (after the timed ones): CUDA ms per step by kernel group, "
                              "which says what bounds FPA against softmax")
+    parser.add_argument("--tile-census", action="store_true",
+                        help="with --skip and FPA: after training, each layer's fraction of 64 x 64 tiles that the "
+                             "skip keeps, on one batch (what the skip can save on the model's own fields)")
     args = parser.parse_args()
+    if args.tile_census and (args.skip is None or args.configs != ["fpa"]):
+        parser.error("--tile-census counts the tiles FPA's skip keeps: pass --skip and --configs fpa")
     if not torch.cuda.is_available():
         raise SystemExit("train_throughput.py measures GPU training: no CUDA device is available")
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -200,6 +222,11 @@ def main() -> None:
             print(f"  {r['backend']} {r['variant']}: {groups}")
             for group, kernels in r["top_kernels"].items():
                 print(f"    {group}: " + "; ".join(f"{name} {ms:.2f}" for name, ms in kernels))
+    for r in results:
+        if "kept_tiles" in r:
+            census = r["kept_tiles"]
+            print(f"\n{r['backend']} {r['variant']}: tiles kept at {census['threshold']}, per layer: "
+                  + " ".join(f"{f:.3f}" for f in census["per_layer"]) + f"; mean {census['mean']:.3f}")
     failed = [r for r in runs if "error" in r]
     for r in failed:
         print(f"FAILED {r['backend']}_{args.shape} {r['variant']}: {r['error']}")

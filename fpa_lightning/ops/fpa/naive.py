@@ -89,12 +89,31 @@ def naive_fpa_attention(
     reduction: str = "min",
     level: str = "key",
     segment_ids: torch.Tensor | None = None,
+    skip_threshold: float | None = None,
+    skip_tile: int = 64,
 ) -> torch.Tensor:
     """Causal FPA attention, the reference: q, k, v (B, T, H, D); phi, psi (B, T, H); beta (H,).
 
     Returns (B, T, H, D). Exact range-minimum forward, straight-through soft-minimum backward. ``reduction`` and
     ``level`` select the variant (``fpa_bias``); ``segment_ids`` (B, T) restricts every query to keys of its own
     document (a path (s, t] inside one document never crosses a boundary, so the field needs no restart here).
+    ``skip_threshold`` defines the fused kernel's skipping (docs/kernel.md, §3): the pairs of every off-diagonal
+    tile of ``skip_tile`` rows and columns (the kernel's: 64 on the GPU) whose largest bias is below it are masked.
     """
     bias = fpa_bias(phi, psi, beta, reduction=reduction, level=level)
+    if skip_threshold is not None:
+        bias = bias.masked_fill(skipped_tiles(bias.detach(), skip_threshold, skip_tile), float("-inf"))
     return dense_attention(q, k, v, bias, scale=scale, segment_ids=segment_ids)
+
+
+def skipped_tiles(bias: torch.Tensor, threshold: float, tile: int) -> torch.Tensor:
+    """The pairs that skipping at `threshold` drops: (B, H, T, T) bool, True in every tile (query block I, key
+    block J < I, `tile` rows and columns from position 0) whose largest bias (over all its pairs, documents or not:
+    the kernel's bound) is below the threshold. Diagonal tiles are always kept. bias: (B, H, T, T), −inf for s > t."""
+    T = bias.shape[-1]
+    n = -(-T // tile)
+    padded = torch.nn.functional.pad(bias, (0, n * tile - T, 0, n * tile - T), value=float("-inf"))
+    tile_max = padded.unflatten(-1, (n, tile)).unflatten(-3, (n, tile)).amax(dim=(-3, -1))  # (B, H, nI, nJ)
+    off_diagonal = torch.ones(n, n, dtype=torch.bool, device=bias.device).tril(-1)
+    skipped = (tile_max < threshold) & off_diagonal
+    return skipped.repeat_interleave(tile, -2).repeat_interleave(tile, -1)[..., :T, :T]

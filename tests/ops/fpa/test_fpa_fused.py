@@ -6,10 +6,12 @@ shapes in bf16. Tolerance rule: the kernel's error against a float64 reference i
 same-precision PyTorch reference (the naive op run on the same low-precision inputs), for the output and all six
 gradients. The default variant (min, key level) has the most cases; every other variant (query level, dip-sum,
 document masking) gets the same kinds of case: small and T = 1, fp16, drift ±1000, oscillation, all alive, NaN
-poison with determinism, skipping, and bf16 shapes on the GPU.
+poison with determinism, skipping (within its bound of the exact output, and against its definition: the
+reference with the kernel's skipped tiles masked), and bf16 shapes on the GPU.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -224,6 +226,15 @@ def test_skipping_error_is_bounded():
     inputs, do = make_inputs(1, T, 2, 16, drift=-1.0, step=0.5, seed=7, beta_lo=1.0)
     full, skip, m = _skip_bound_check(inputs, do, torch.float32, DEV, thr=-3.0)
     assert max_err(full[0], skip[0]) > 0, "no tile was skipped: the test does not exercise skipping"
+    _skip_matches_reference(inputs, do, thr=-3.0)
+
+
+def _skip_matches_reference(inputs, do, thr, variant=None):
+    """The skipping path against its definition, the reference with the kernel's tiles masked
+    (naive_fpa_attention's skip_threshold, docs/kernel.md §3): the 2x rule on the output and every gradient."""
+    skipping = dataclasses.replace(FPA, naive=functools.partial(naive_fpa_attention, skip_tile=fused_mod._block_size()))
+    _ops_helpers.check_against_reference(skipping, inputs, do, torch.float32, DEV, skip_threshold=thr,
+                                         **(variant or {}))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -310,6 +321,7 @@ def _variant_skipping_check(name, device):
         variant["segment_ids"] = (torch.arange(T, device=device) >= T // 8).long()[None]
     full, skip, m = _skip_bound_check(inputs, do, torch.float32, device, thr=-3.0, variant=variant)
     assert max_err(full[0], skip[0]) > 0, "no tile was skipped: the test does not exercise skipping"
+    _skip_matches_reference(inputs, do, thr=-3.0, variant=variant)
 
 
 @pytest.mark.parametrize("name", ["query", "dipsum", "min+docs"])
@@ -521,6 +533,7 @@ def test_gpu_skipping_error_is_bounded():
     inputs, do = make_inputs(1, 2048, 2, 64, drift=-0.05, step=1.0, seed=16, beta_lo=1.0)
     full, skip, m = _skip_bound_check(inputs, do, torch.float32, "cuda", thr=-10.0)
     assert max_err(full[0], skip[0]) > 0
+    _skip_matches_reference(inputs, do, thr=-10.0)
 
 
 # H = 2 and T > 64 except for the T = 1 case: Triton compiles a kernel again for every integer argument that is 1

@@ -229,6 +229,40 @@ def test_skipping_error_is_bounded():
     _skip_matches_reference(inputs, do, thr=-3.0)
 
 
+def lowest_walked_blocks(inputs, BS, thr):
+    """(B, H, nB) int: per query block I, the lowest key block J whose tiles with I may hold a bias >= thr by the
+    per-block bound beta*min(0, min(mid(J, I), phi(start of I)) - min psi over J) (docs/kernel.md §3); I where none
+    may. Inputs whose walks stop above block 0 exercise the ranges a skipping kernel need not visit."""
+    phi, psi, beta = (t.double() for t in inputs[3:])
+    B, T, H = phi.shape
+    nB = -(-T // BS)
+    blocks = lambda x: torch.nn.functional.pad(x.transpose(1, 2), (0, nB * BS - T), value=float("inf")).unflatten(
+        -1, (nB, BS))  # (B, H, nB, BS), padding never the minimum
+    bmin, minpsi = blocks(phi).amin(-1), blocks(psi).amin(-1)  # (B, H, nB)
+    lowest = torch.zeros(B, H, nB, dtype=torch.long)
+    for I in range(nB):
+        lowest[:, :, I] = I
+        for J in range(I - 1, -1, -1):
+            mid = bmin[:, :, J + 1:I].amin(-1) if J + 1 < I else torch.full((B, H), float("inf"), dtype=phi.dtype)
+            bound = beta[None, :] * (torch.minimum(mid, phi[:, I * BS].double()) - minpsi[:, :, J]).clamp(max=0.0)
+            lowest[:, :, I] = torch.where(bound >= thr, J, lowest[:, :, I])
+    return lowest
+
+
+def test_skipping_writes_every_element_deterministically(monkeypatch):
+    # skipped tiles, and walks that stop above block 0: every output element is written and no scratch entry a
+    # walk left alone is read (NaN poison in every buffer), the same bits twice
+    poison_outputs(monkeypatch)
+    BS = fused_mod._block_size()
+    inputs, do = make_inputs(1, 4 * BS + 3, 2, 16, drift=-1.0, step=0.5, seed=7, beta_lo=1.0)
+    assert lowest_walked_blocks(inputs, BS, thr=-3.0).amax() > 0, "every walk reaches block 0: nothing to cut"
+    a = run(fpa_attention, inputs, do, torch.float32, DEV, skip_threshold=-3.0)
+    b = run(fpa_attention, inputs, do, torch.float32, DEV, skip_threshold=-3.0)
+    for name, x, y in zip(NAMES, a, b):
+        assert torch.isfinite(x).all(), name
+        assert torch.equal(x, y), name
+
+
 def _skip_matches_reference(inputs, do, thr, variant=None):
     """The skipping path against its definition, the reference with the kernel's tiles masked
     (naive_fpa_attention's skip_threshold, docs/kernel.md §3): the 2x rule on the output and every gradient."""

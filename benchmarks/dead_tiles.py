@@ -1,7 +1,7 @@
 """How many of FPA's off-diagonal tiles have every probability below the GPU's exp2 underflow (CPU, no kernel).
 
     python benchmarks/dead_tiles.py [--lengths 2048 4096 8192 16384] [--heads 1] [--block 64] [--fields walks|alibi]
-                                    [--out FILE.json]
+                                    [--skip-threshold X] [--out FILE.json]
 
 On `benchmarks/attention.py`'s inputs (random q and k, D = 64, realistic walks, β = 1), per length: the off-diagonal
 (query block I, key block J < I) tiles of `--block` rows and columns whose every log2-probability log2 p[t, s] =
@@ -11,6 +11,10 @@ exactly 0. Such a tile has dS = 0 and adds nothing to any gradient, so an exact 
 (FpaBackend's init: φ = ψ = −m_h·t with ALiBi's slopes for `--heads` heads, so the bias is −m_h·(t − s)), with the
 same random q and k. Logits and bias are float64 (the bias from the definition of docs/method.md: β·min(0, min over
 (s, t] of φ − ψ_s)), one query block at a time, so memory stays at a block's rows.
+
+`--skip-threshold X` counts instead the tiles that skipping at X keeps (`skip_threshold`, docs/kernel.md §3: a tile
+whose largest bias is ≥ X; fpa_lightning/analysis/tiles.py), on the same fields (no q or k involved): what a skipping
+kernel has to compute, against which its time can be read.
 """
 from __future__ import annotations
 
@@ -69,6 +73,21 @@ def count_dead_tiles(q, k, phi, psi, beta: float, block: int) -> tuple[int, int]
     return dead, total
 
 
+def count_kept_tiles(phi, psi, threshold: float, block: int) -> tuple[int, int]:
+    """(kept, off-diagonal) tile counts over the heads of phi, psi (T, H) at β = 1 (fpa_lightning.analysis.tiles)."""
+    from fpa_lightning.analysis.tiles import kept_tile_fraction
+    from fpa_lightning.attention import AttentionConfig, LayerProbe
+    from fpa_lightning.attention.backends import FpaBackend
+
+    T, H = phi.shape
+    owner = FpaBackend(AttentionConfig(backend="fpa"), d_model=4, n_head=H, head_dim=2)
+    probe = LayerProbe("fpa", {"phi": phi[None], "psi": psi[None], "beta": torch.ones(H, dtype=phi.dtype)}, owner=owner)
+    n = -(-T // block)
+    total = H * n * (n - 1) // 2
+    kept = round(float(kept_tile_fraction(probe, threshold, block).sum()) * total / H)
+    return kept, total
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--lengths", type=int, nargs="+", default=[2048, 4096, 8192, 16384])
@@ -77,6 +96,8 @@ def main(argv=None) -> int:
     ap.add_argument("--D", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--fields", choices=("walks", "alibi"), default="walks")
+    ap.add_argument("--skip-threshold", type=float, default=None,
+                    help="count the tiles that skipping at this threshold keeps instead of the dead ones")
     ap.add_argument("--out", default="")
     args = ap.parse_args(argv)
     rows = []
@@ -87,6 +108,14 @@ def main(argv=None) -> int:
         q, k = (torch.randn(T, args.heads, args.D, generator=gen, dtype=torch.float64) for _ in range(2))
         phi, psi = walks(T, args.heads, gen) if args.fields == "walks" else alibi_fields(T, args.heads)
         start = time.time()
+        if args.skip_threshold is not None:
+            kept, total = count_kept_tiles(phi, psi, args.skip_threshold, args.block)
+            rows.append({"T": T, "heads": args.heads, "fields": args.fields, "threshold": args.skip_threshold,
+                         "kept_tiles": kept, "off_diagonal_tiles": total, "fraction": round(kept / total, 4),
+                         "seconds": round(time.time() - start, 1)})
+            print(f"T = {T}: {kept} of {total} off-diagonal tiles kept at {args.skip_threshold} ({kept / total:.1%}), "
+                  f"{rows[-1]['seconds']} s", flush=True)
+            continue
         dead = total = 0
         for h in range(args.heads):
             d, n = count_dead_tiles(q[:, h], k[:, h], phi[:, h], psi[:, h], 1.0, args.block)
@@ -98,8 +127,10 @@ def main(argv=None) -> int:
     if args.out:
         fields = ("benchmarks/attention.py's walks" if args.fields == "walks"
                   else "a fresh FPA model's fields (ALiBi: phi = psi = -m_h t)")
-        record = {"what": "off-diagonal FPA tiles whose every probability underflows the GPU's exp2 (log2 p < -126), "
-                          f"on {fields} (beta = 1)",
+        counted = ("off-diagonal FPA tiles whose every probability underflows the GPU's exp2 (log2 p < -126)"
+                   if args.skip_threshold is None else
+                   f"off-diagonal FPA tiles that skipping at {args.skip_threshold} keeps (largest bias >= it)")
+        record = {"what": f"{counted}, on {fields} (beta = 1)",
                   "command": "python benchmarks/dead_tiles.py " + " ".join(sys.argv[1:] if argv is None else argv),
                   "machine": f"{platform.machine()} CPU, {torch.get_num_threads()} threads",
                   "versions": {"torch": torch.__version__, "python": platform.python_version()},

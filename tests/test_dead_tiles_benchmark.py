@@ -74,3 +74,19 @@ def test_alibi_fields_give_alibi_bias():
     want = -alibi_slopes(3).double()[:, None, None] * (t[:, None] - t[None, :])
     causal = t[:, None] >= t[None, :]
     assert torch.allclose(bias[:, causal], want[:, causal], rtol=0, atol=1e-12)
+
+
+def test_kept_tiles_at_a_skip_threshold(tmp_path):
+    """--skip-threshold: on ALiBi fields the kept tiles are those at a block distance d with m_h·(64·d − 63) ≤ −X,
+    counted here by hand for two heads (slopes 2^−4 and 2^−8) over T = 256 (four blocks, six off-diagonal tiles)."""
+    import json
+
+    phi, psi = dead_tiles.alibi_fields(256, 2)
+    # head 0: -0.0625 * (1, 65, 129) = -0.06, -4.06, -8.06 at d = 1, 2, 3 -> 5 of 6 kept at -5; head 1: all 6
+    assert dead_tiles.count_kept_tiles(phi, psi, -5.0, 64) == (11, 12)
+    assert dead_tiles.count_kept_tiles(phi, psi, -1.0, 64) == (3 + 6, 12)  # head 1: -0.0039 * 129 = -0.5
+    out = tmp_path / "kept.json"
+    assert dead_tiles.main(["--lengths", "256", "--heads", "2", "--fields", "alibi", "--skip-threshold", "-5",
+                            "--out", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert (row["kept_tiles"], row["off_diagonal_tiles"], row["threshold"]) == (11, 12, -5.0)

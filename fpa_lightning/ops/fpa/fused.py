@@ -20,7 +20,7 @@ import math
 
 import torch
 
-from fpa_lightning.ops.fpa.naive import check_variant
+from fpa_lightning.ops.fpa.naive import check_skip_threshold, check_variant
 from fpa_lightning.ops.kernel_inputs import HEAD_DIMS, cdiv, empty_output, next_power_of_2, require_triton
 from fpa_lightning.ops.kernel_inputs import TRITON_OPTIONS
 from fpa_lightning.ops.kernel_inputs import check_device, check_qkv, check_scale, check_segment_ids, env_int
@@ -397,10 +397,7 @@ def _check(q, k, v, phi, psi, beta, scale, skip_threshold, reduction, level, seg
             raise ValueError(f"fpa_attention: {name} must be float32, got {t.dtype}")
     dev = check_device("fpa_attention", {"q": q, "k": k, "v": v, **fields})
     check_scale("fpa_attention", scale)
-    if skip_threshold is not None and not (
-        isinstance(skip_threshold, (int, float)) and math.isfinite(skip_threshold) and skip_threshold < 0
-    ):
-        raise ValueError(f"fpa_attention: skip_threshold must be a finite negative float or None, got {skip_threshold!r}")
+    check_skip_threshold("fpa_attention", skip_threshold)
     check_variant(reduction, level)
     check_segment_ids("fpa_attention", segment_ids, B, T, dev)
 

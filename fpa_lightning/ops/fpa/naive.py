@@ -11,6 +11,8 @@ Everything is materialised as (B, H, T, T): O(T²) memory, any dtype (float64 fo
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from fpa_lightning.ops.common import FAR, dense_attention
@@ -67,6 +69,15 @@ def fpa_bias(
     return bias.masked_fill(idx[None, :] > idx[:, None], float("-inf"))
 
 
+def check_skip_threshold(op: str, skip_threshold) -> None:
+    """Raise unless skip_threshold is None or a finite negative number (a bias bound; 0 or more would drop live
+    pairs, whose bias is 0)."""
+    if skip_threshold is not None and not (
+        isinstance(skip_threshold, (int, float)) and math.isfinite(skip_threshold) and skip_threshold < 0
+    ):
+        raise ValueError(f"{op}: skip_threshold must be a finite negative float or None, got {skip_threshold!r}")
+
+
 def check_variant(reduction: str, level: str) -> None:
     """Raise for an FPA variant that docs/method.md does not define."""
     if reduction not in REDUCTIONS:
@@ -100,6 +111,7 @@ def naive_fpa_attention(
     ``skip_threshold`` defines the fused kernel's skipping (docs/kernel.md, §3): the pairs of every off-diagonal
     tile of ``skip_tile`` rows and columns (the kernel's: 64 on the GPU) whose largest bias is below it are masked.
     """
+    check_skip_threshold("naive_fpa_attention", skip_threshold)
     bias = fpa_bias(phi, psi, beta, reduction=reduction, level=level)
     if skip_threshold is not None:
         bias = bias.masked_fill(skipped_tiles(bias.detach(), skip_threshold, skip_tile), float("-inf"))

@@ -9,10 +9,11 @@ from fpa_lightning.ops import fpa_bias, naive_fpa_attention
 DT = torch.float64
 
 
-def brute_force_fpa(q, k, v, phi, psi, beta):
+def brute_force_fpa(q, k, v, phi, psi, beta, dropped=None):
     """One (batch, head, query) at a time, one key at a time: the formula of docs/method.md read literally.
 
-    Range minimum: exact value, soft-minimum gradient (τ = 1) through a straight-through estimator.
+    Range minimum: exact value, soft-minimum gradient (τ = 1) through a straight-through estimator. `dropped`: a
+    (B, H, T, T) bool of pairs left out of the softmax (skipping).
     """
     B, T, H, D = q.shape
     out = torch.zeros(B, T, H, D, dtype=q.dtype)
@@ -21,6 +22,9 @@ def brute_force_fpa(q, k, v, phi, psi, beta):
             for t in range(T):
                 logits = []
                 for s in range(t + 1):
+                    if dropped is not None and dropped[b, h, t, s]:
+                        logits.append(torch.tensor(-math.inf, dtype=q.dtype))
+                        continue
                     bias = torch.zeros((), dtype=q.dtype)
                     if s < t:
                         path = phi[b, s + 1 : t + 1, h]
@@ -116,3 +120,33 @@ def test_bad_variant_raises():
         fpa_bias(x, x, torch.ones(1), level="value")
     with pytest.raises(ValueError, match="dipsum"):
         fpa_bias(x, x, torch.ones(1), reduction="dipsum", level="query")
+
+
+def test_skipping_drops_the_tiles_whose_largest_bias_is_below_the_threshold():
+    # tiles of 4 over T = 11 (a partial last block); a random walk whose off-diagonal tiles fall below -1 in 7 of
+    # 18 (batch, head, tile) cases
+    inputs = random_inputs(11, WALKS["random"], seed=7)
+    q, k, v, phi, psi, beta = inputs
+    bias = fpa_bias(phi, psi, beta).detach()  # (B, H, T, T)
+    dropped = torch.zeros_like(bias, dtype=torch.bool)
+    for i0 in range(0, 11, 4):
+        for j0 in range(0, i0, 4):  # off-diagonal tiles only
+            tile = bias[:, :, i0:i0 + 4, j0:j0 + 4]
+            dropped[:, :, i0:i0 + 4, j0:j0 + 4] = (tile.amax(dim=(2, 3)) < -1.0)[:, :, None, None]
+    off_diagonal = torch.zeros(11, 11, dtype=torch.bool)
+    for i0 in range(4, 11, 4):
+        off_diagonal[i0:i0 + 4, :i0] = True
+    assert dropped.any() and (off_diagonal & ~dropped).any(), "no mix of kept and dropped off-diagonal tiles"
+    ours = naive_fpa_attention(*inputs, skip_threshold=-1.0, skip_tile=4)
+    reference = brute_force_fpa(*inputs, dropped=dropped)
+    torch.testing.assert_close(ours, reference, rtol=1e-12, atol=1e-12)
+    grad_out = torch.randn_like(ours)
+    for name, a, b in zip("q k v phi psi beta".split(), torch.autograd.grad(ours, inputs, grad_out),
+                          torch.autograd.grad(reference, inputs, grad_out)):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10, msg=f"gradient of {name}")
+
+
+@pytest.mark.parametrize("threshold", [0.0, 1.0, float("nan"), float("-inf")])
+def test_skip_threshold_must_be_finite_and_negative(threshold):
+    with pytest.raises(ValueError, match="skip_threshold"):
+        naive_fpa_attention(*random_inputs(5, WALKS["random"]), skip_threshold=threshold)

@@ -75,17 +75,15 @@ def count_dead_tiles(q, k, phi, psi, beta: float, block: int) -> tuple[int, int]
 
 def count_kept_tiles(phi, psi, threshold: float, block: int) -> tuple[int, int]:
     """(kept, off-diagonal) tile counts over the heads of phi, psi (T, H) at β = 1 (fpa_lightning.analysis.tiles)."""
-    from fpa_lightning.analysis.tiles import kept_tile_fraction
+    from fpa_lightning.analysis.tiles import kept_tile_counts
     from fpa_lightning.attention import AttentionConfig, LayerProbe
     from fpa_lightning.attention.backends import FpaBackend
 
     T, H = phi.shape
     owner = FpaBackend(AttentionConfig(backend="fpa"), d_model=4, n_head=H, head_dim=2)
     probe = LayerProbe("fpa", {"phi": phi[None], "psi": psi[None], "beta": torch.ones(H, dtype=phi.dtype)}, owner=owner)
-    n = -(-T // block)
-    total = H * n * (n - 1) // 2
-    kept = round(float(kept_tile_fraction(probe, threshold, block).sum()) * total / H)
-    return kept, total
+    kept, per_head = kept_tile_counts(probe, threshold, block)
+    return int(kept.sum()), H * per_head
 
 
 def main(argv=None) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from fpa_lightning.attention import LayerProbe
+from fpa_lightning.ops.fpa.naive import tile_maxima
 
 
 def tile_max_bias(probe: LayerProbe, block: int = 64) -> torch.Tensor:
@@ -21,8 +22,7 @@ def tile_max_bias(probe: LayerProbe, block: int = 64) -> torch.Tensor:
     for lo, rows in probe.row_blocks(block_size=block):  # rows (B, H, R, hi): queries lo..hi-1
         B, H = rows.shape[:2]
         n_keys = lo // block  # the key blocks before this query block (lo is a multiple of block)
-        tile_max = rows[..., : n_keys * block].amax(dim=2).unflatten(-1, (n_keys, block)).amax(dim=-1)  # (B, H, J)
-        blocks.append(tile_max)
+        blocks.append(tile_maxima(rows[..., : n_keys * block], block)[:, :, 0])  # (B, H, J)
     nI = len(blocks)
     out = torch.full((B, H, nI, nI), float("-inf"), device=rows.device, dtype=rows.dtype)
     for i, tile_max in enumerate(blocks):
@@ -30,13 +30,18 @@ def tile_max_bias(probe: LayerProbe, block: int = 64) -> torch.Tensor:
     return out
 
 
-def kept_tile_fraction(probe: LayerProbe, threshold: float, block: int = 64) -> torch.Tensor:
-    """Per head (H or 1,), the fraction of off-diagonal tiles whose largest bias is ≥ threshold (the tiles that
-    skipping at `threshold` keeps), over the batch's rows. NaN for a sequence of a single block (no such tile)."""
+def kept_tile_counts(probe: LayerProbe, threshold: float, block: int = 64) -> tuple[torch.Tensor, int]:
+    """Per head (H or 1,), how many off-diagonal tiles have a largest bias ≥ threshold (the tiles that skipping at
+    `threshold` keeps), summed over the batch's rows; and how many off-diagonal tiles a head has over those rows."""
     if probe.owner is None or probe.backend == "none":
         raise ValueError("a layer without a bias has no tile to skip: pass an FPA, FoX, Selective, DCP or ALiBi layer")
-    tile_max = tile_max_bias(probe, block)  # (B, H, nI, nI)
-    nI = tile_max.shape[-1]
-    off_diagonal = torch.ones(nI, nI, dtype=torch.bool, device=tile_max.device).tril(-1)
-    kept = (tile_max >= threshold) & off_diagonal
-    return kept.sum(dim=(0, 2, 3)) / (off_diagonal.sum() * tile_max.shape[0])
+    tile_max = tile_max_bias(probe, block)  # (B, H, nI, nI), −inf on and above the diagonal
+    B, nI = tile_max.shape[0], tile_max.shape[-1]
+    return (tile_max >= threshold).sum(dim=(0, 2, 3)), B * nI * (nI - 1) // 2
+
+
+def kept_tile_fraction(probe: LayerProbe, threshold: float, block: int = 64) -> torch.Tensor:
+    """Per head (H or 1,), the fraction of off-diagonal tiles that skipping at `threshold` keeps (`kept_tile_counts`),
+    over the batch's rows. NaN for a sequence of a single block (no such tile)."""
+    kept, total = kept_tile_counts(probe, threshold, block)
+    return kept / total if total else torch.full(kept.shape, float("nan"), device=kept.device)

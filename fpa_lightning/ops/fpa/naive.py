@@ -123,9 +123,17 @@ def skipped_tiles(bias: torch.Tensor, threshold: float, tile: int) -> torch.Tens
     block J < I, `tile` rows and columns from position 0) whose largest bias (over all its pairs, documents or not:
     the kernel's bound) is below the threshold. Diagonal tiles are always kept. bias: (B, H, T, T), −inf for s > t."""
     T = bias.shape[-1]
-    n = -(-T // tile)
-    padded = torch.nn.functional.pad(bias, (0, n * tile - T, 0, n * tile - T), value=float("-inf"))
-    tile_max = padded.unflatten(-1, (n, tile)).unflatten(-3, (n, tile)).amax(dim=(-3, -1))  # (B, H, nI, nJ)
+    tile_max = tile_maxima(bias, tile)  # (B, H, nI, nJ)
+    n = tile_max.shape[-1]
     off_diagonal = torch.ones(n, n, dtype=torch.bool, device=bias.device).tril(-1)
     skipped = (tile_max < threshold) & off_diagonal
     return skipped.repeat_interleave(tile, -2).repeat_interleave(tile, -1)[..., :T, :T]
+
+
+def tile_maxima(x: torch.Tensor, tile: int) -> torch.Tensor:
+    """x (..., R, C) -> (..., ceil(R / tile), ceil(C / tile)): the largest entry of each tile of `tile` rows and
+    columns counted from (0, 0); a partial tile's missing entries count as −inf."""
+    R, C = x.shape[-2:]
+    nr, nc = -(-R // tile), -(-C // tile)
+    padded = torch.nn.functional.pad(x, (0, nc * tile - C, 0, nr * tile - R), value=float("-inf"))
+    return padded.unflatten(-1, (nc, tile)).unflatten(-3, (nr, tile)).amax(dim=(-3, -1))

@@ -151,8 +151,16 @@ def tile_census(model, data, threshold: float) -> dict:
     from the probe path's fields, and its mean over layers."""
     from fpa_lightning.analysis.tiles import kept_tile_fraction
 
+    start = time.perf_counter()
     input_ids = next(iter(data.train_dataloader()))["input_ids"].to(next(model.parameters()).device)
-    per_layer = [kept_tile_fraction(probe, threshold).mean().item() for probe in model.probe(input_ids)]
+    print(f"tile census: one batch loaded in {time.perf_counter() - start:.1f} s", flush=True)
+    probes = model.probe(input_ids)
+    print(f"tile census: the probe path's fields at {time.perf_counter() - start:.1f} s", flush=True)
+    per_layer = []
+    for i, probe in enumerate(probes):
+        per_layer.append(kept_tile_fraction(probe, threshold).mean().item())
+        print(f"tile census: layer {i + 1}/{len(probes)} keeps {per_layer[-1]:.3f} "
+              f"({time.perf_counter() - start:.1f} s)", flush=True)
     return {"threshold": threshold, "per_layer": [round(f, 4) for f in per_layer],
             "mean": round(sum(per_layer) / len(per_layer), 4)}
 

@@ -145,7 +145,10 @@ class Decoder(nn.Module):
         states are the masked model's and the walks restart at documents; the bias itself spans all pairs."""
         segment_ids = self.document_mask(segment_ids)
         device_type = input_ids.device.type
-        with torch.autocast(device_type, enabled=False):
+        # Eager even where the blocks are compiled (LanguageModel's compile): this float32, no-grad pass would
+        # otherwise compile every block again for its own precision and grad mode, which at long context took
+        # minutes (docs/training.md, "torch.compile").
+        with torch.autocast(device_type, enabled=False), torch.compiler.set_stance("force_eager"):
             x = self.embed(input_ids)
             probes = []
             for block in self.blocks:

@@ -235,3 +235,29 @@ def test_compiled_blocks_take_float32_gate_gradients_under_bf16_autocast():
         assert got.dtype == torch.float32
         # float32 reordering only (bf16 rounding gave relative errors of 1e-2)
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
+
+
+def test_the_probe_path_runs_compiled_blocks_eagerly():
+    """``Decoder.probe`` (float32, no grad) compiles nothing where the blocks are compiled: it would compile every
+    block again for its own precision and grad mode (minutes at 1 × 16384 on a GPU). A counting backend shows
+    the training forward does compile, the probe does not, and the probe's fields are the eager model's."""
+    graphs = []
+
+    def counting_backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch.manual_seed(0)
+    lm = LanguageModel(tiny_config(), OptimConfig(warmup_steps=1), compile={"backend": counting_backend})
+    lm.configure_model()
+    ids = torch.randint(0, VOCAB, (2, 32), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        eager = [probe.ingredients for probe in lm.model.probe(ids)]
+    assert graphs == [], "the probe path compiled a block"
+    lm(ids)
+    assert graphs, "the blocks were not compiled: the test checks nothing"
+    with torch.no_grad():
+        again = [probe.ingredients for probe in lm.model.probe(ids)]
+    for want, got in zip(eager, again):
+        for name in want:
+            torch.testing.assert_close(got[name], want[name], rtol=0, atol=0)

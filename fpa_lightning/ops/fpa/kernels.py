@@ -221,6 +221,7 @@ def _keep_tile(kvec, psi, mid, phi_start, pre_i, psi_i, beta, threshold,
     # below the threshold. Min: M(s, t) = min(suf_J(s), mid(J, I), pre_I(t)) exactly, and pre_I(t) <=
     # phi(start of I), so the bound is the tile's maximum. Dip-sum: every dip is <= 0, so
     # D(t, s) <= C[I, s] + min(0, phi(start of I) - psi_s). kvec is suf_J (min) or C[I, .] (dip-sum).
+    # psi_i (query level) must be FAR on padded rows (_bound_levels): their buffers' level 0 would raise the bound.
     if DIPSUM:
         ub = tl.max(kvec + tl.minimum(phi_start - psi, 0.0), axis=0)
     elif QLEVEL:
@@ -228,6 +229,12 @@ def _keep_tile(kvec, psi, mid, phi_start, pre_i, psi_i, beta, threshold,
     else:
         ub = tl.max(tl.minimum(tl.minimum(mid, phi_start), kvec) - psi, axis=0)
     return beta * tl.minimum(ub, 0.0) >= threshold
+
+
+@triton.jit
+def _bound_levels(psi_i, rows_ok):
+    # the query levels _keep_tile takes: FAR on the padded rows of a partial last block, so they bound nothing
+    return tl.where(rows_ok, psi_i, FAR)
 
 
 @triton.jit
@@ -623,6 +630,7 @@ def _fpa_fwd_kernel(
     m_i, l_i, acc = _softmax_step(s, v, m_i, l_i, acc, PREC)
 
     mid = FAR
+    psi_rows = _bound_levels(psi_i, row_ok)
     for jj in range(0, I - j_lo):
         J = I - 1 - jj
         offs_n = J * BS + tl.arange(0, BS)
@@ -630,7 +638,7 @@ def _fpa_fwd_kernel(
         psi = tl.load(PSIP + fbase + offs_n)
         keep = True
         if SKIP:
-            keep = _keep_tile(kvec, psi, mid, phi_start, pre_i, psi_i, beta, threshold, QLEVEL, DIPSUM)
+            keep = _keep_tile(kvec, psi, mid, phi_start, pre_i, psi_rows, beta, threshold, QLEVEL, DIPSUM)
         if keep:
             m_i, l_i, acc = _fwd_tile(q, K, V, SEGP, ASUF, b, h, Tp, fbase, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh,
                                       offs_n, offs_d,
@@ -729,12 +737,13 @@ def _fpa_bwd_dq_kernel(
     j_general = j_lo
     if not DIPSUM:
         j_general = tl.maximum(_first_general_block(BMIN, MINSUF, bh, I, nB, CB), j_lo)
+    psi_rows = _bound_levels(psi_i, row_ok)
     for GENERAL in tl.static_range(1, -1, -1):
         for jj in range(0 if GENERAL else I - j_general, I - j_general if GENERAL else I - j_lo):
             dq, c, mid, zmid, qpsi, qbeta = _dq_step(
                 q, do, K, V, SUF, ZSUF, PSIP, BMIN, ZBLK, CARRY, SEGP, A_PARTIAL, KAPPA, b, h, bh, I, I - 1 - jj,
-                nB, fbase, Tp, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_d, mid, zmid, pre_i, zpre_i, psi_i, phi_i,
-                seg_i, lse, delta, beta, sl2, bl2, phi_start, threshold, dq, c, qpsi, qbeta,
+                nB, fbase, Tp, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_d, mid, zmid, pre_i, zpre_i, psi_i, psi_rows,
+                phi_i, seg_i, lse, delta, beta, sl2, bl2, phi_start, threshold, dq, c, qpsi, qbeta,
                 BS, NSUB, SKIP, PREC, FAST, GENERAL, QLEVEL, DIPSUM, SEG, TRANSPOSED)
 
     tl.store(_rows(DQ, b, h, s_dqb, s_dqt, s_dqh, offs_m, offs_d), (dq * qk_scale).to(DQ.dtype.element_ty),
@@ -752,7 +761,7 @@ def _fpa_bwd_dq_kernel(
 
 @triton.jit
 def _dq_step(q, do, K, V, SUF, ZSUF, PSIP, BMIN, ZBLK, CARRY, SEGP, A_PARTIAL, KAPPA, b, h, bh, I, J, nB, fbase, Tp,
-             s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_d, mid, zmid, pre_i, zpre_i, psi_i, phi_i, seg_i,
+             s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_d, mid, zmid, pre_i, zpre_i, psi_i, psi_rows, phi_i, seg_i,
              lse, delta, beta, sl2, bl2, phi_start, threshold, dq, c, qpsi, qbeta,
              BS: tl.constexpr, NSUB: tl.constexpr, SKIP: tl.constexpr, PREC: tl.constexpr, FAST: tl.constexpr,
              GENERAL: tl.constexpr, QLEVEL: tl.constexpr, DIPSUM: tl.constexpr, SEG: tl.constexpr,
@@ -768,7 +777,7 @@ def _dq_step(q, do, K, V, SUF, ZSUF, PSIP, BMIN, ZBLK, CARRY, SEGP, A_PARTIAL, K
     if SKIP:
         offs_blk = J * BS + tl.arange(0, BS)
         keep = _keep_tile(_key_vector(SUF, CARRY, fbase, bh, nB, Tp, I, offs_blk, DIPSUM),
-                          tl.load(PSIP + fbase + offs_blk), mid, phi_start, pre_i, psi_i, beta, threshold,
+                          tl.load(PSIP + fbase + offs_blk), mid, phi_start, pre_i, psi_rows, beta, threshold,
                           QLEVEL, DIPSUM)
     kap = 0.0
     if TRANSPOSED:  # NSUB = 1, no skipping: every tile is kept
@@ -832,7 +841,8 @@ def _fpa_bwd_dkdv_kernel(
         if SKIP:
             offs_i = I * BS + tl.arange(0, BS)
             keep = _keep_tile(suf, psi, mid, tl.load(PHIP + fbase + I * BS), tl.load(PRE + fbase + offs_i),
-                              tl.load(PSIP + fbase + offs_i), beta, threshold, QLEVEL, False)
+                              _bound_levels(tl.load(PSIP + fbase + offs_i), offs_i < T), beta, threshold, QLEVEL,
+                              False)
         if keep:
             for sub in tl.static_range(MSUB):  # query sub-tiles: fewer live temporaries
                 dk, dv, dpsi, dbeta = _dkdv_tile(

@@ -23,7 +23,7 @@ from _ops_helpers import DEV, HAS_CUDA, FusedOp, check_common_value_errors, docu
 from _ops_helpers import test_non_cuda_tensors_rejected_outside_interpreter  # noqa: F401 (run here, on FPA)
 from fpa_lightning.ops.fpa import fused as fused_mod
 from fpa_lightning.ops.fpa.fused import fpa_attention
-from fpa_lightning.ops.fpa.naive import naive_fpa_attention
+from fpa_lightning.ops.fpa.naive import fpa_bias, naive_fpa_attention, skipped_tiles
 
 NAMES = ("out", "dq", "dk", "dv", "dphi", "dpsi", "dbeta")
 
@@ -361,6 +361,27 @@ def _variant_skipping_check(name, device):
 @pytest.mark.parametrize("name", ["query", "dipsum", "min+docs"])
 def test_variant_skipping_error_is_bounded(name):
     _variant_skipping_check(name, DEV)
+
+
+def test_query_level_skip_bound_ignores_padded_rows():
+    # The last query block is partial (5 of its rows are real) and its real rows have a high level, ψ_t = 6: every
+    # off-diagonal tile of that block has bias ≤ −6β, below the threshold, and is skipped. Its padded rows (level 0
+    # in the kernel's buffers) must not count towards the tile's bound: with them it would be about 0 and kept.
+    BS = fused_mod._block_size()
+    T = 3 * BS + 5
+    inputs, do = make_inputs(1, T, 1, 16, step=0.0, offset=0.3, seed=11, beta_lo=1.0)
+    q, k, v, phi, psi, beta = inputs
+    psi = psi.clone()
+    psi[:, 3 * BS:] += 6.0
+    inputs = (q, k, v, phi, psi, beta)
+    bias = fpa_bias(phi, psi, beta, level="query")  # (B, H, T, T)
+    assert skipped_tiles(bias, -3.0, BS)[0, 0, 3 * BS:].any(), "no tile of the last block is skipped"
+    _skip_matches_reference(inputs, do, thr=-3.0, variant={"level": "query"})
+
+
+@pytest.mark.gpu
+def test_gpu_query_level_skip_bound_ignores_padded_rows():
+    test_query_level_skip_bound_ignores_padded_rows()  # the kernel's 64-row tiles: T = 197
 
 
 def test_documents_with_any_ids_match_reference():

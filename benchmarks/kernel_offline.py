@@ -33,7 +33,7 @@ from fpa_lightning.ops.fpa import fused, kernels  # noqa: E402
 from fpa_lightning.ops.kernel_inputs import TRITON_OPTIONS  # noqa: E402
 
 QKV_POINTERS = {"Q", "K", "V", "O", "DO", "DQ", "DK", "DV"}
-INT_POINTERS = {"SEGP", "JLO", "IHI"}
+INT_POINTERS = {"SEGP", "JLO", "IHI", "JKEEP"}
 FLOAT_SCALARS = {"qk_scale", "threshold"}
 INT_SCALARS = {"T", "H", "Tp", "nB"}
 

@@ -114,16 +114,20 @@ def _constexprs(D: int, dtype: torch.dtype, *, skip: bool, level: str, reduction
     prec = "ieee" if dtype == torch.float32 else "tf32"
     qlevel, dipsum = level == "query", reduction == "dipsum"
     common = {"BS": BS, "D": D, "SKIP": skip, "PREC": prec, "SEG": segments}
+    # skipping's walk ranges (docs/kernel.md §3): the method's variant (min, key level) walks only the key blocks
+    # (query blocks) that a per-block bound cannot rule out
+    walk_range = skip and not (qlevel or dipsum)
     return {
         "dip_carry": {"BS": BS, "SEG": segments},
-        "fwd": {**common, "STORE32": True, "QLEVEL": qlevel, "DIPSUM": dipsum},
+        "fwd": {**common, "STORE32": True, "QLEVEL": qlevel, "DIPSUM": dipsum, "RANGE": walk_range, "CB": _chunk()},
         "dq": {**common, "FAST": not _interpreting(), "CB": _chunk(), "NSUB": _subtiles("dq", skip),
                "QLEVEL": qlevel, "DIPSUM": dipsum,
                # the transposed off-diagonal tile (kernels._dq_tile_t) where it is faster: key level, min, no
                # skipping, no documents (docs/kernel.md §2)
-               "TRANSPOSED": not (skip or qlevel or dipsum or segments)},
-        "dkdv": {**common, "MSUB": _subtiles("dkdv", skip), "QLEVEL": qlevel},
-        "field": {"BS": BS, "D": D, "CB": _chunk(), "PREC": prec, "QLEVEL": qlevel, "SEG": segments},
+               "TRANSPOSED": not (skip or qlevel or dipsum or segments), "RANGE": walk_range},
+        "dkdv": {**common, "MSUB": _subtiles("dkdv", skip), "QLEVEL": qlevel, "RANGE": walk_range, "CB": _chunk()},
+        "field": {"BS": BS, "D": D, "CB": _chunk(), "PREC": prec, "QLEVEL": qlevel, "SEG": segments,
+                  "RANGE": walk_range},
         "dipsum_bwd": common,
         "dphi_sum": {"BS": BS, "SEG": segments},
     }
@@ -150,23 +154,23 @@ def _launch(name: str, grid, cx: dict, skip: bool, *args, **overrides) -> None:
 
 def _prep(phi, psi, BS):
     """Per-block field quantities in padded (B*H, Tp) / (B*H, nB) fp32 buffers: phi, psi, suffix/prefix minima and
-    their normalisers, block minima, their normalisers, and the minimum of each block's suffix minima (the backward's
-    nine); and, for the forward alone, the key side of the bias min(0, suf - psi)."""
+    their normalisers, block minima, their normalisers, the minimum of each block's suffix minima and each block's
+    lowest psi (the backward's ten); and, for the forward alone, the key side of the bias min(0, suf - psi)."""
     B, T, H = phi.shape
     nB = cdiv(T, BS)
     Tp = nB * BS
     BH = B * H
     # one allocation: host overhead matters at short T, where the kernels are short (KERNEL_LOG.md, "FPA, the fused
     # kernel", v6)
-    flat = empty_output((7 * BH * Tp + 3 * BH * nB,), dtype=torch.float32, device=phi.device)
+    flat = empty_output((7 * BH * Tp + 4 * BH * nB,), dtype=torch.float32, device=phi.device)
     phip, psip, suf, zsuf, pre, zpre, asuf = flat[: 7 * BH * Tp].view(7, BH, Tp).unbind(0)
-    bmin, zblk, minsuf = flat[7 * BH * Tp:].view(3, BH, nB).unbind(0)
+    bmin, zblk, minsuf, minpsi = flat[7 * BH * Tp:].view(4, BH, nB).unbind(0)
     load_kernels()._fpa_prep_kernel[(nB, BH)](
         phi, psi, phi.stride(0), phi.stride(1), phi.stride(2),
-        phip, psip, suf, zsuf, pre, zpre, asuf, bmin, zblk, minsuf,
+        phip, psip, suf, zsuf, pre, zpre, asuf, bmin, zblk, minsuf, minpsi,
         T, H, Tp, nB, BS=BS, **({} if _interpreting() else {"num_warps": 1}), **TRITON_OPTIONS,
     )
-    return (phip, psip, suf, zsuf, pre, zpre, bmin, zblk, minsuf), asuf
+    return (phip, psip, suf, zsuf, pre, zpre, bmin, zblk, minsuf, minpsi), asuf
 
 
 def segment_tables_reference(segment_ids: torch.Tensor, BS: int, nB: int):
@@ -216,7 +220,7 @@ def _dip_carry(phip, psip, seg_tables, B, H, Tp, nB, cx, skip):
     return carry
 
 
-_N_PREP = 9
+_N_PREP = 10
 """Buffers `_prep` returns."""
 
 
@@ -231,7 +235,7 @@ class _FPAFunction(torch.autograd.Function):
         seg_tables = _segment_tables(segment_ids, BS, nB) if segment_ids is not None else None
         cx = _constexprs(D, q.dtype, skip=skip, level=level, reduction=reduction, segments=seg_tables is not None)
         prep, asuf = _prep(phi, psi, BS)
-        phip, psip, suf, zsuf, pre, zpre, bmin, zblk, minsuf = prep
+        phip, psip, suf, zsuf, pre, zpre, bmin, zblk, minsuf, minpsi = prep
         o = empty_output((B, T, H, D), dtype=q.dtype, device=q.device)
         lse = empty_output((B * H, Tp), dtype=torch.float32, device=q.device)
         need_grad = any(ctx.needs_input_grad[:6])
@@ -244,7 +248,7 @@ class _FPAFunction(torch.autograd.Function):
             q, k, v, o, o32, lse,
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
-            phip, psip, suf, asuf, pre, bmin, carry, segp, jlo, beta,
+            phip, psip, suf, asuf, pre, bmin, minpsi, carry, segp, jlo, beta,
             T, H, Tp, nB, scale, float(skip_threshold) if skip else 0.0, STORE32=need_grad,
         )
         ctx.save_for_backward(q, k, v, beta, o32, lse, *prep)
@@ -254,7 +258,7 @@ class _FPAFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do):
-        q, k, v, beta, o32, lse, phip, psip, suf, zsuf, pre, zpre, bmin, zblk, minsuf = ctx.saved_tensors
+        q, k, v, beta, o32, lse, phip, psip, suf, zsuf, pre, zpre, bmin, zblk, minsuf, minpsi = ctx.saved_tensors
         scale, skip_threshold, reduction, cx = ctx.cfg
         B, T, H, D = q.shape
         BS = cx["fwd"]["BS"]
@@ -277,6 +281,8 @@ class _FPAFunction(torch.autograd.Function):
         partial = empty_output((BH, nB, Tp), dtype=torch.float32, device=dev)
         csum = empty_output((BH, Tp), dtype=torch.float32, device=dev) if not dipsum else lse
         kappa = empty_output((BH, nB, nB), dtype=torch.float32, device=dev) if not dipsum else lse
+        # with skipping's walk ranges: where each query block's walk stopped, for the field kernel
+        jkeep = empty_output((BH, nB), dtype=torch.int32, device=dev) if cx["dq"]["RANGE"] else lse
         carry = _dip_carry(phip, psip, ctx.seg_tables, B, H, Tp, nB, cx, skip) if dipsum else lse
         dphi = empty_output((BH, Tp), dtype=torch.float32, device=dev)
         dpsi = empty_output((BH, Tp), dtype=torch.float32, device=dev)
@@ -287,8 +293,8 @@ class _FPAFunction(torch.autograd.Function):
         _launch(
             "dq", (nB, BH), cx, skip,
             q, k, v, do, dq, *qkv_strides, dq.stride(0), dq.stride(1), dq.stride(2),
-            lse, o32, delta, phip, psip, suf, zsuf, pre, zpre, bmin, zblk, minsuf, carry, segp, jlo, beta,
-            csum, partial, kappa, dpsi, dbeta,
+            lse, o32, delta, phip, psip, suf, zsuf, pre, zpre, bmin, zblk, minsuf, minpsi, carry, segp, jlo, beta,
+            csum, partial, kappa, jkeep, dpsi, dbeta,
             T, H, Tp, nB, scale, threshold,
         )
         if dipsum:
@@ -309,7 +315,7 @@ class _FPAFunction(torch.autograd.Function):
             _launch(
                 "field", (nB, BH), cx, skip,
                 q, k, v, do, *qkv_strides,
-                lse, delta, phip, psip, suf, pre, bmin, segp, jlo, ihi, beta, kappa, csum, partial, dphi,
+                lse, delta, phip, psip, suf, pre, bmin, segp, jlo, ihi, jkeep, beta, kappa, csum, partial, dphi,
                 T, H, Tp, nB, scale,
             )
         dphi_out = dphi.view(B, H, Tp)[:, :, :T].permute(0, 2, 1)

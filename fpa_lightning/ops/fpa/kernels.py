@@ -110,7 +110,7 @@ def _load_rows(P, b, h, s_b, s_t, s_h, offs, offs_d, ok):
 @triton.jit
 def _fpa_prep_kernel(
     PHI, PSI, s_pb, s_pt, s_ph,
-    PHIP, PSIP, SUF, ZSUF, PRE, ZPRE, ASUF, BMIN, ZBLK, MINSUF,
+    PHIP, PSIP, SUF, ZSUF, PRE, ZPRE, ASUF, BMIN, ZBLK, MINSUF, MINPSI,
     T, H, Tp, nB,
     BS: tl.constexpr,
 ):
@@ -141,6 +141,7 @@ def _fpa_prep_kernel(
     tl.store(BMIN + bh * nB + blk, bmin)
     tl.store(ZBLK + bh * nB + blk, tl.sum(tl.exp(bmin - phi), axis=0))
     tl.store(MINSUF + bh * nB + blk, tl.min(suf, axis=0))
+    tl.store(MINPSI + bh * nB + blk, tl.min(tl.where(valid, psi, FAR), axis=0))  # skipping's walk ranges
 
 
 # ---------------------------------------------------------------------------------------------
@@ -235,6 +236,47 @@ def _keep_tile(kvec, psi, mid, phi_start, pre_i, psi_i, beta, threshold,
 def _bound_levels(psi_i, rows_ok):
     # the query levels _keep_tile takes: FAR on the padded rows of a partial last block, so they bound nothing
     return tl.where(rows_ok, psi_i, FAR)
+
+
+@triton.jit
+def _lowest_kept_block(BMIN, MINPSI, bh, I, nB, j_lo, phi_start, beta, threshold, CB: tl.constexpr):
+    # The query-major walk's lower end with skipping (min, key level; docs/kernel.md §3): a tile (I, J) has bias at
+    # most beta*min(0, min(mid(J, I), phi(start of I)) - min psi over J) (every M(s, t) <= both, every psi_s >= the
+    # minimum), so a block J where that is below the threshold fails _keep_tile too; the walk stops at the lowest J
+    # where it is not. A vector pass over the blocks in chunks of CB, mid(J, I) as a running min of bmin[J + 1].
+    j_keep = I
+    carry = FAR
+    idx = tl.arange(0, CB)
+    for c0 in range(0, I - j_lo, CB):
+        js = I - 1 - c0 - idx  # descending
+        ok = js >= j_lo
+        x = tl.load(BMIN + bh * nB + js + 1, mask=ok & (js + 1 < I), other=FAR)
+        mid = tl.minimum(tl.associative_scan(x, 0, _min_combine), carry)
+        minpsi = tl.load(MINPSI + bh * nB + js, mask=ok, other=FAR)
+        may = ok & (beta * tl.minimum(tl.minimum(mid, phi_start) - minpsi, 0.0) >= threshold)
+        j_keep = tl.minimum(j_keep, tl.min(tl.where(may, js, I), axis=0))
+        carry = tl.minimum(carry, tl.min(x, axis=0))
+    return j_keep
+
+
+@triton.jit
+def _highest_kept_block(BMIN, PHIP, fbase, bh, J, i_hi, nB, minpsi, beta, threshold, BS: tl.constexpr,
+                        CB: tl.constexpr):
+    # The key-major walk's upper end with skipping, by the same bound as _lowest_kept_block with mid(J, I) now a
+    # running min of bmin[I - 1] as I rises and phi(start of I) read per block: the highest I where it may hold.
+    i_keep = J
+    carry = FAR
+    idx = tl.arange(0, CB)
+    for c0 in range(J + 1, i_hi + 1, CB):
+        ic = c0 + idx  # ascending
+        ok = ic <= i_hi
+        x = tl.load(BMIN + bh * nB + ic - 1, mask=ok & (ic - 1 > J), other=FAR)
+        mid = tl.minimum(tl.associative_scan(x, 0, _min_combine), carry)
+        phi_start = tl.load(PHIP + fbase + ic * BS, mask=ok, other=FAR)
+        may = ok & (beta * tl.minimum(tl.minimum(mid, phi_start) - minpsi, 0.0) >= threshold)
+        i_keep = tl.maximum(i_keep, tl.max(tl.where(may, ic, J), axis=0))
+        carry = tl.minimum(carry, tl.min(x, axis=0))
+    return i_keep
 
 
 @triton.jit
@@ -603,10 +645,10 @@ def _fpa_dip_carry_kernel(PHIP, PSIP, CARRY, IHI, H, Tp, nB, BS: tl.constexpr, S
 def _fpa_fwd_kernel(
     Q, K, V, O, O32, LSE,
     s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_ot, s_oh,
-    PHIP, PSIP, SUF, ASUF, PRE, BMIN, CARRY, SEGP, JLO, BETA,
+    PHIP, PSIP, SUF, ASUF, PRE, BMIN, MINPSI, CARRY, SEGP, JLO, BETA,
     T, H, Tp, nB, qk_scale, threshold,
     BS: tl.constexpr, D: tl.constexpr, SKIP: tl.constexpr, PREC: tl.constexpr, STORE32: tl.constexpr,
-    QLEVEL: tl.constexpr, DIPSUM: tl.constexpr, SEG: tl.constexpr,
+    QLEVEL: tl.constexpr, DIPSUM: tl.constexpr, SEG: tl.constexpr, RANGE: tl.constexpr, CB: tl.constexpr,
 ):
     I, bh, b, h, beta, bl2, sl2, offs_m, offs_d, row_ok, q = _query_block(
         Q, BETA, s_qb, s_qt, s_qh, T, H, qk_scale, BS, D)
@@ -617,6 +659,8 @@ def _fpa_fwd_kernel(
     phi_start = tl.load(PHIP + fbase + I * BS)
     # key blocks below j_lo share no document with block I
     seg_i, j_lo = _documents(SEGP, JLO, b, Tp, nB, I, offs_m, 0, SEG)
+    if RANGE:  # the key blocks below j_lo are skipped without a visit
+        j_lo = _lowest_kept_block(BMIN, MINPSI, bh, I, nB, j_lo, phi_start, beta, threshold, CB)
     m_i = tl.full([BS], -float("inf"), tl.float32)
     l_i = tl.zeros([BS], tl.float32)
     acc = tl.zeros([BS, D], tl.float32)
@@ -681,12 +725,12 @@ def _first_general_block(BMIN, MINSUF, bh, I, nB, CB: tl.constexpr):
 def _fpa_bwd_dq_kernel(
     Q, K, V, DO, DQ,
     s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_ot, s_oh, s_dqb, s_dqt, s_dqh,
-    LSE, O32, DELTA, PHIP, PSIP, SUF, ZSUF, PRE, ZPRE, BMIN, ZBLK, MINSUF, CARRY, SEGP, JLO, BETA,
-    CSUM, A_PARTIAL, KAPPA, DPSI, DBETA,
+    LSE, O32, DELTA, PHIP, PSIP, SUF, ZSUF, PRE, ZPRE, BMIN, ZBLK, MINSUF, MINPSI, CARRY, SEGP, JLO, BETA,
+    CSUM, A_PARTIAL, KAPPA, JKEEP, DPSI, DBETA,
     T, H, Tp, nB, qk_scale, threshold,
     BS: tl.constexpr, D: tl.constexpr, SKIP: tl.constexpr, PREC: tl.constexpr, FAST: tl.constexpr,
     CB: tl.constexpr, NSUB: tl.constexpr, QLEVEL: tl.constexpr, DIPSUM: tl.constexpr, SEG: tl.constexpr,
-    TRANSPOSED: tl.constexpr,
+    TRANSPOSED: tl.constexpr, RANGE: tl.constexpr,
 ):
     # The field part lives here, not in the key-major kernel: this kernel's only tile accumulator is
     # dq (the key-major one holds dk and dv), so the field temporaries fit in registers. c_t is a row
@@ -732,6 +776,9 @@ def _fpa_bwd_dq_kernel(
     # Off-diagonal tiles walk away from the diagonal (J = I-1 .. j_lo) so mid(J, I) and its normaliser
     # zmid are running combines; the general tiles (J >= j_general) come first, the fast ones after: two
     # loops (the two passes of a static range, GENERAL = 1 then 0), no branch in either.
+    if RANGE:  # the key blocks below j_lo are skipped without a visit; the field kernel reads where the walk ends
+        j_lo = _lowest_kept_block(BMIN, MINPSI, bh, I, nB, j_lo, phi_start, beta, threshold, CB)
+        tl.store(JKEEP + bh * nB + I, j_lo)
     mid = FAR
     zmid = 0.0
     j_general = j_lo
@@ -816,12 +863,15 @@ def _fpa_bwd_dkdv_kernel(
     DPSI, DBETA,
     T, H, Tp, nB, qk_scale, threshold,
     BS: tl.constexpr, D: tl.constexpr, SKIP: tl.constexpr, PREC: tl.constexpr, MSUB: tl.constexpr,
-    QLEVEL: tl.constexpr, SEG: tl.constexpr,
+    QLEVEL: tl.constexpr, SEG: tl.constexpr, RANGE: tl.constexpr, CB: tl.constexpr,
 ):
     J, bh, b, h, beta, bl2, sl2, fbase, offs_n, offs_d, k, v, seg_j, i_hi = _key_block(
         K, V, SEGP, IHI, BETA, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, T, H, Tp, nB, qk_scale, BS, D, SEG)
     phi_j = tl.load(PHIP + fbase + offs_n)
     psi = tl.load(PSIP + fbase + offs_n)
+    if RANGE:  # the query blocks after i_hi are skipped without a visit (block J's keys are all real here); before
+        # the accumulators exist, so that the scan's temporaries do not add to the loop's registers
+        i_hi = _highest_kept_block(BMIN, PHIP, fbase, bh, J, i_hi, nB, tl.min(psi, axis=0), beta, threshold, BS, CB)
     suf = tl.load(SUF + fbase + offs_n)
     dk = tl.zeros([BS, D], tl.float32)
     dv = tl.zeros([BS, D], tl.float32)
@@ -991,13 +1041,14 @@ def _diagonal_field_grad(Q, K, V, DO, SEGP, b, h, s_qb, s_qt, s_qh, s_kb, s_kt, 
 def _fpa_field_kernel(
     Q, K, V, DO,
     s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_ot, s_oh,
-    LSE, DELTA, PHIP, PSIP, SUF, PRE, BMIN, SEGP, JLO, IHI, BETA, KAPPA, CSUM, A_PARTIAL, DPHI,
+    LSE, DELTA, PHIP, PSIP, SUF, PRE, BMIN, SEGP, JLO, IHI, JKEEP, BETA, KAPPA, CSUM, A_PARTIAL, DPHI,
     T, H, Tp, nB, qk_scale,
     BS: tl.constexpr, D: tl.constexpr, CB: tl.constexpr, PREC: tl.constexpr, QLEVEL: tl.constexpr,
-    SEG: tl.constexpr,
+    SEG: tl.constexpr, RANGE: tl.constexpr,
 ):
     # With segments, the query-major walk of block I stops at j_lo(I): A_PARTIAL[I, .] and KAPPA[., I] are read
-    # for key blocks J >= j_lo(I) only (the others were never written and hold no pair of one document).
+    # for key blocks J >= j_lo(I) only (the others were never written and hold no pair of one document). With
+    # skipping's walk ranges (RANGE), the dq kernel wrote where each walk stopped to JKEEP, read instead.
     Kb, bh, b, h = _program(H, False)
     beta = tl.load(BETA + h).to(tl.float32)
     fbase = bh * Tp
@@ -1020,7 +1071,9 @@ def _fpa_field_kernel(
         i_ok = ic < nB
         x_i = tl.load(BMIN + bh * nB + ic - 1, mask=i_ok, other=FAR)  # bmin[I - 1]
         eb = tl.exp(tl.minimum(tl.associative_scan(x_i, 0, _min_combine), carry_b) - bmin_k)
-        if SEG:
+        if RANGE:  # skipping's walk of block I ended at JKEEP[I] (documents' j_lo included)
+            jlo_i = tl.load(JKEEP + bh * nB + ic, mask=i_ok, other=nB)
+        elif SEG:
             jlo_i = tl.load(JLO + b * nB + ic, mask=i_ok, other=nB)
         carry_a = FAR
         for c0 in range(0, Kb, CB):
@@ -1029,7 +1082,9 @@ def _fpa_field_kernel(
             x_j = tl.load(BMIN + bh * nB + jr + 1, mask=j_ok, other=FAR)  # bmin[J + 1]
             ea = tl.exp(tl.minimum(tl.associative_scan(x_j, 0, _min_combine), carry_a) - bmin_k)
             kmask = j_ok[:, None] & i_ok[None, :]
-            if SEG:
+            if RANGE:
+                kmask = kmask & (jr[:, None] >= jlo_i[None, :])
+            elif SEG:
                 kmask = kmask & (jr[:, None] >= jlo_i[None, :])
             kap = tl.load(KAPPA + (bh * nB + jr[:, None]) * nB + ic[None, :], mask=kmask, other=0.0)
             acc += kap * tl.minimum(ea[:, None], eb[None, :])
@@ -1043,7 +1098,10 @@ def _fpa_field_kernel(
     if SEG:
         i_hi = tl.load(IHI + b * nB + Kb)
     for I in range(Kb + 1, i_hi + 1):
-        if SEG:
+        if RANGE:
+            if tl.load(JKEEP + bh * nB + I) <= Kb:
+                a += tl.load(A_PARTIAL + (bh * nB + I) * Tp + offs)
+        elif SEG:
             if tl.load(JLO + b * nB + I) <= Kb:
                 a += tl.load(A_PARTIAL + (bh * nB + I) * Tp + offs)
         else:

@@ -1,4 +1,5 @@
-"""benchmarks/lm_study.sh, the study's seed runner, at a tiny CPU shape (SMOKE=1): two seeds trained and evaluated,
+"""benchmarks/lm_study.sh, the study's seed runner, at a tiny CPU shape (SMOKE=1): two seeds trained and evaluated
+(in two lanes, PARALLEL=2: quicker than one lane, and every check below then reads the lanes' results),
 runs named by backend, rate and seed, the seed recorded in every result file, a second call skips what finished, and
 `compare` turns the per-seed files of two backends into seed-level statistics.
 
@@ -40,7 +41,7 @@ def run_script(env: dict, *args: str, succeeds: bool = True) -> subprocess.Compl
 def study(tmp_path_factory):
     root = tmp_path_factory.mktemp("study")
     write_slimpajama_layout(root / "corpus")
-    env = {"SMOKE": "1", "SEEDS": "0 1", "EVALS": "loss", "CORPUS": str(root / "corpus"),
+    env = {"SMOKE": "1", "SEEDS": "0 1", "EVALS": "loss", "PARALLEL": "2", "CORPUS": str(root / "corpus"),
            "RESULTS": str(root / "results"), "PYTHON": sys.executable, "HF_HUB_OFFLINE": "1",
            "HF_DATASETS_OFFLINE": "1"}
     first = run_script(env, "run", "fpa")

@@ -145,15 +145,17 @@ class Decoder(nn.Module):
         states are the masked model's and the walks restart at documents; the bias itself spans all pairs."""
         segment_ids = self.document_mask(segment_ids)
         device_type = input_ids.device.type
-        # Eager even where the blocks are compiled (LanguageModel's compile): this float32, no-grad pass would
-        # otherwise compile every block again for its own precision and grad mode, which at long context took
-        # minutes (docs/training.md, "torch.compile").
-        with torch.autocast(device_type, enabled=False), torch.compiler.set_stance("force_eager"):
+        with torch.autocast(device_type, enabled=False):
             x = self.embed(input_ids)
             probes = []
             for block in self.blocks:
                 probes.append(block.attn.probe(block.attn_norm(x), segment_ids))
-                x = block(x, segment_ids)
+                # the block's call without its compiled wrapper (nn.Module.compile keeps the eager call, hooks
+                # included, as _call_impl): where the blocks are compiled (LanguageModel's compile), this float32,
+                # no-grad pass would compile each again for its own precision and grad mode, minutes at long
+                # context; kernels compiled on their own (FoX's FlexAttention) still run compiled
+                # (docs/training.md, "torch.compile")
+                x = block._call_impl(x, segment_ids)
         return probes
 
     def attention_impls(self, device: torch.device | str) -> list[str]:

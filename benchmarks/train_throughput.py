@@ -16,7 +16,7 @@ after the table, a `failed` list in the JSON (written after every run) and exit 
 --mfu adds the model TFLOP/s and MFU (fpa_lightning/analysis/flops.py: the FLOPs per training token of the model and
 length, over the device's peak dense bf16 FLOP/s from its name, or --peak-tflops) as two more columns.
 
---tile-census (with --skip, FPA alone) adds, after training, each layer's fraction of the 64 × 64 tiles that the
+--tile-census (with --skip, FPA alone) adds, after training, each layer's and each head's fraction of the 64 × 64 tiles that the
 skip keeps on one batch of its own fields: what the skip can save on this model at this point of training.
 
     python benchmarks/train_throughput.py --configs fpa fox sdpa --steps 300 --batch-size 16
@@ -148,7 +148,8 @@ def measure(backend: str, variant: str, args) -> dict:
 def tile_census(model, data, threshold: float) -> dict:
     """After training: on one batch of the training data, per layer, the fraction of off-diagonal 64 × 64 tiles
     whose largest bias is ≥ threshold (what skipping at that threshold computes; fpa_lightning/analysis/tiles.py),
-    from the probe path's fields, and its mean over layers."""
+    from the probe path's fields, each head's too (a head whose walk never dips keeps every tile), and the mean
+    over layers."""
     from fpa_lightning.analysis.tiles import kept_tile_fraction
 
     start = time.perf_counter()
@@ -156,12 +157,14 @@ def tile_census(model, data, threshold: float) -> dict:
     print(f"tile census: one batch loaded in {time.perf_counter() - start:.1f} s", flush=True)
     probes = model.probe(input_ids)
     print(f"tile census: the probe path's fields at {time.perf_counter() - start:.1f} s", flush=True)
-    per_layer = []
+    per_layer, per_head = [], []
     for i, probe in enumerate(probes):
-        per_layer.append(kept_tile_fraction(probe, threshold).mean().item())
-        print(f"tile census: layer {i + 1}/{len(probes)} keeps {per_layer[-1]:.3f} "
-              f"({time.perf_counter() - start:.1f} s)", flush=True)
-    return {"threshold": threshold, "per_layer": [round(f, 4) for f in per_layer],
+        heads = kept_tile_fraction(probe, threshold)  # (H or 1,)
+        per_layer.append(heads.mean().item())
+        per_head.append([round(f, 4) for f in heads.tolist()])
+        print(f"tile census: layer {i + 1}/{len(probes)} keeps {per_layer[-1]:.3f} (heads {min(per_head[-1]):.3f} "
+              f"to {max(per_head[-1]):.3f}; {time.perf_counter() - start:.1f} s)", flush=True)
+    return {"threshold": threshold, "per_layer": [round(f, 4) for f in per_layer], "per_head": per_head,
             "mean": round(sum(per_layer) / len(per_layer), 4)}
 
 

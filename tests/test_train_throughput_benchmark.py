@@ -56,4 +56,5 @@ def test_tile_census_of_a_fresh_model_is_alibis(bench):
     model = Decoder(ModelConfig(vocab_size=50, n_layer=2, d_model=16, n_head=2, d_mlp=32, max_seq_len=256))
     data = types.SimpleNamespace(train_dataloader=lambda: [{"input_ids": torch.randint(0, 50, (1, 256))}])
     census = bench.tile_census(model, data, threshold=-5.0)
-    assert census == {"threshold": -5.0, "per_layer": [round((5 / 6 + 1) / 2, 4)] * 2, "mean": round((5 / 6 + 1) / 2, 4)}
+    assert census == {"threshold": -5.0, "per_layer": [round((5 / 6 + 1) / 2, 4)] * 2,
+                      "per_head": [[round(5 / 6, 4), 1.0]] * 2, "mean": round((5 / 6 + 1) / 2, 4)}

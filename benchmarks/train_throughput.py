@@ -16,8 +16,9 @@ after the table, a `failed` list in the JSON (written after every run) and exit 
 --mfu adds the model TFLOP/s and MFU (fpa_lightning/analysis/flops.py: the FLOPs per training token of the model and
 length, over the device's peak dense bf16 FLOP/s from its name, or --peak-tflops) as two more columns.
 
---tile-census (with --skip, FPA alone) adds, after training, each layer's and each head's fraction of the 64 × 64 tiles that the
-skip keeps on one batch of its own fields: what the skip can save on this model at this point of training.
+--tile-census (with --skip, FPA alone) adds, after training, each layer's and each head's fraction of the 64 × 64
+tiles that the skip keeps on one batch of its own fields: what the skip can save on this model at this point of
+training.
 
     python benchmarks/train_throughput.py --configs fpa fox sdpa --steps 300 --batch-size 16
     python benchmarks/train_throughput.py --configs fpa fox sdpa --variants base compile document_mask

@@ -55,7 +55,7 @@ _LAUNCH = {
 # With skipping (KERNEL_LOG.md, "FPA, the fused kernel", v8): the backward tiles run as two sub-tiles of 32 keys (dq)
 # or 32 queries (dk/dv), whose temporaries die in turn, under a register cap of 168, so three blocks fit on an SM. On
 # the H200 this made fwd+bwd with skipping faster at every length; without skipping the same change gained nothing, so
-# dense keeps v7's.
+# dense keeps v7's. dq's transposed tile (key level, min, no documents) keeps dense's launch with skipping too.
 _LAUNCH_SKIP = {
     "dq": {"num_warps": 4, "num_stages": 2, "maxnreg": 168},
     "dkdv": {"num_warps": 4, "num_stages": 2, "maxnreg": 168},
@@ -63,12 +63,14 @@ _LAUNCH_SKIP = {
 _SUBTILES_SKIP = {"dq": 2, "dkdv": 2}
 
 
-def _launch_cfg(kernel: str, skip: bool) -> dict:
-    """Launch config of a kernel ("fwd", "dq", "dkdv", ...). FPA_<KERNEL>_{WARPS,STAGES,MAXNREG} override it for
-    A/B benchmarks (MAXNREG=0 removes a cap); nothing else reads them."""
+def _launch_cfg(kernel: str, skip: bool, constexprs: dict) -> dict:
+    """Launch config of a kernel ("fwd", "dq", "dkdv", ...) with these compile-time parameters.
+    FPA_<KERNEL>_{WARPS,STAGES,MAXNREG} override it for A/B benchmarks (MAXNREG=0 removes a cap); nothing else reads
+    them."""
     if _interpreting():
         return {}
-    cfg = dict(_LAUNCH_SKIP.get(kernel, _LAUNCH[kernel]) if skip else _LAUNCH[kernel])
+    skip_launch = skip and not constexprs.get("TRANSPOSED", False)
+    cfg = dict(_LAUNCH_SKIP.get(kernel, _LAUNCH[kernel]) if skip_launch else _LAUNCH[kernel])
     with_env_overrides(cfg, f"FPA_{kernel.upper()}", (("num_warps", "WARPS"), ("num_stages", "STAGES"),
                                                       ("maxnreg", "MAXNREG")))
     if not cfg.get("maxnreg"):
@@ -117,14 +119,15 @@ def _constexprs(D: int, dtype: torch.dtype, *, skip: bool, level: str, reduction
     # skipping's walk ranges (docs/kernel.md §3): the method's variant (min, key level) walks only the key blocks
     # (query blocks) that a per-block bound cannot rule out
     walk_range = skip and not (qlevel or dipsum)
+    # the transposed off-diagonal tile (kernels._dq_tile_t) where it is faster: key level, min, no documents
+    # (docs/kernel.md §2); with skipping too, a kept tile whole on dense's launch
+    transposed = not (qlevel or dipsum or segments)
     return {
         "dip_carry": {"BS": BS, "SEG": segments},
         "fwd": {**common, "STORE32": True, "QLEVEL": qlevel, "DIPSUM": dipsum, "RANGE": walk_range, "CB": _chunk()},
-        "dq": {**common, "FAST": not _interpreting(), "CB": _chunk(), "NSUB": _subtiles("dq", skip),
-               "QLEVEL": qlevel, "DIPSUM": dipsum,
-               # the transposed off-diagonal tile (kernels._dq_tile_t) where it is faster: key level, min, no
-               # skipping, no documents (docs/kernel.md §2)
-               "TRANSPOSED": not (skip or qlevel or dipsum or segments), "RANGE": walk_range},
+        "dq": {**common, "FAST": not _interpreting(), "CB": _chunk(),
+               "NSUB": 1 if transposed else _subtiles("dq", skip),
+               "QLEVEL": qlevel, "DIPSUM": dipsum, "TRANSPOSED": transposed, "RANGE": walk_range},
         "dkdv": {**common, "MSUB": _subtiles("dkdv", skip), "QLEVEL": qlevel, "RANGE": walk_range, "CB": _chunk()},
         "field": {"BS": BS, "D": D, "CB": _chunk(), "PREC": prec, "QLEVEL": qlevel, "SEG": segments,
                   "RANGE": walk_range},
@@ -145,11 +148,12 @@ def kernel_plan(D: int = 64, *, skip: bool = False, level: str = "key", reductio
     """[(name, kernel, constexprs, launch config)] of one variant, as `fpa_attention` launches them (the prep
     kernel aside): what benchmarks/kernel_offline.py compiles."""
     cx = _constexprs(D, dtype, skip=skip, level=level, reduction=reduction, segments=segments)
-    return [(name, _kernel(name), cx[name], _launch_cfg(name, skip) or _LAUNCH[name]) for name in _kernels_of(reduction)]
+    return [(name, _kernel(name), cx[name], _launch_cfg(name, skip, cx[name]) or _LAUNCH[name])
+            for name in _kernels_of(reduction)]
 
 
 def _launch(name: str, grid, cx: dict, skip: bool, *args, **overrides) -> None:
-    _kernel(name)[grid](*args, **{**cx[name], **overrides}, **_launch_cfg(name, skip), **TRITON_OPTIONS)
+    _kernel(name)[grid](*args, **{**cx[name], **overrides}, **_launch_cfg(name, skip, cx[name]), **TRITON_OPTIONS)
 
 
 def _prep(phi, psi, BS):

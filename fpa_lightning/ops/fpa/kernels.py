@@ -429,8 +429,8 @@ def _dq_tile_t(q, do, K, V, A_PARTIAL, b, h, bh, I, nB, Tp,
     # _dq_tile's key-level min reduction with the tile transposed, [s (keys of J), t (queries of I)]: a_s, a sum
     # over queries, runs along the rows, inside a warp, instead of down the columns across the four warps; c_t,
     # a sum over keys, accumulates in c (BS // 16, 8, BS) (_fold_rows), which the kernel reduces across the warps
-    # once after its walk. dq takes dS's transpose through shared memory. The query level, skipping's sub-tiles and
-    # documents keep _dq_tile: this form spills there, and with documents it measured slower (docs/kernel.md §2).
+    # once after its walk. dq takes dS's transpose through shared memory. The query level and documents keep
+    # _dq_tile: this form spills there, and with documents it measured slower (docs/kernel.md §2).
     k = tl.load(_rows(K, b, h, s_kb, s_kt, s_kh, offs_n, offs_d))
     v = tl.load(_rows(V, b, h, s_vb, s_vt, s_vh, offs_n, offs_d))
     if GENERAL:
@@ -827,7 +827,7 @@ def _dq_step(q, do, K, V, SUF, ZSUF, PSIP, BMIN, ZBLK, CARRY, SEGP, A_PARTIAL, K
                           tl.load(PSIP + fbase + offs_blk), mid, phi_start, pre_i, psi_rows, beta, threshold,
                           QLEVEL, DIPSUM)
     kap = 0.0
-    if TRANSPOSED:  # NSUB = 1, no skipping: every tile is kept
+    if TRANSPOSED and keep:  # NSUB = 1: a kept tile is kept whole
         offs_n = J * BS + tl.arange(0, BS)
         dq, c, kap = _dq_tile_t(
             q, do, K, V, A_PARTIAL, b, h, bh, I, nB, Tp, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, offs_n, offs_d,
@@ -1092,20 +1092,22 @@ def _fpa_field_kernel(
         carry_b = tl.minimum(carry_b, tl.min(x_i, axis=0))
     y = tl.sum(tl.sum(acc, axis=1), axis=0)
 
-    # key-suffix sums of this block, a_s = sum over query blocks I > K (fixed order: deterministic)
+    # key-suffix sums of this block, a_s = sum over query blocks I > K, CB partial rows a load (one at a time, each
+    # program waited on one row's memory latency after another); a fixed order: chunks ascending, a fixed tree inside
     a = tl.zeros([BS], tl.float32)
     i_hi = nB - 1
     if SEG:
         i_hi = tl.load(IHI + b * nB + Kb)
-    for I in range(Kb + 1, i_hi + 1):
+    for i0 in range(Kb + 1, i_hi + 1, CB):
+        ic = i0 + idx  # ascending I
+        rows_ok = ic <= i_hi
+        # a walk that stopped before block K wrote no row for it: skipping's bound (JKEEP) or documents (JLO)
         if RANGE:
-            if tl.load(JKEEP + bh * nB + I) <= Kb:
-                a += tl.load(A_PARTIAL + (bh * nB + I) * Tp + offs)
+            rows_ok = rows_ok & (tl.load(JKEEP + bh * nB + ic, mask=rows_ok, other=nB) <= Kb)
         elif SEG:
-            if tl.load(JLO + b * nB + I) <= Kb:
-                a += tl.load(A_PARTIAL + (bh * nB + I) * Tp + offs)
-        else:
-            a += tl.load(A_PARTIAL + (bh * nB + I) * Tp + offs)
+            rows_ok = rows_ok & (tl.load(JLO + b * nB + ic, mask=rows_ok, other=nB) <= Kb)
+        a += tl.sum(tl.load(A_PARTIAL + (bh * nB + ic[:, None]) * Tp + offs[None, :], mask=rows_ok[:, None],
+                            other=0.0), axis=0)
     c = tl.load(CSUM + fbase + offs)
     suf = tl.load(SUF + fbase + offs)
     pre = tl.load(PRE + fbase + offs)

@@ -1038,6 +1038,16 @@ def _diagonal_field_grad(Q, K, V, DO, SEGP, b, h, s_qb, s_qt, s_qh, s_kb, s_kt, 
 
 
 @triton.jit
+def _walk_start(JKEEP, JLO, bh, b, nB, blocks, ok, RANGE: tl.constexpr):
+    # the lowest key block that the query-major walk of each of `blocks` visited (nB where not ok): where skipping's
+    # walk ranges stopped it (JKEEP, per (batch, head), documents' j_lo included) or documents' j_lo (JLO, per batch)
+    if RANGE:
+        return tl.load(JKEEP + bh * nB + blocks, mask=ok, other=nB)
+    else:
+        return tl.load(JLO + b * nB + blocks, mask=ok, other=nB)
+
+
+@triton.jit
 def _fpa_field_kernel(
     Q, K, V, DO,
     s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_ot, s_oh,
@@ -1071,10 +1081,8 @@ def _fpa_field_kernel(
         i_ok = ic < nB
         x_i = tl.load(BMIN + bh * nB + ic - 1, mask=i_ok, other=FAR)  # bmin[I - 1]
         eb = tl.exp(tl.minimum(tl.associative_scan(x_i, 0, _min_combine), carry_b) - bmin_k)
-        if RANGE:  # skipping's walk of block I ended at JKEEP[I] (documents' j_lo included)
-            jlo_i = tl.load(JKEEP + bh * nB + ic, mask=i_ok, other=nB)
-        elif SEG:
-            jlo_i = tl.load(JLO + b * nB + ic, mask=i_ok, other=nB)
+        if RANGE or SEG:
+            jlo_i = _walk_start(JKEEP, JLO, bh, b, nB, ic, i_ok, RANGE)
         carry_a = FAR
         for c0 in range(0, Kb, CB):
             jr = Kb - 1 - c0 - idx  # descending J
@@ -1082,9 +1090,7 @@ def _fpa_field_kernel(
             x_j = tl.load(BMIN + bh * nB + jr + 1, mask=j_ok, other=FAR)  # bmin[J + 1]
             ea = tl.exp(tl.minimum(tl.associative_scan(x_j, 0, _min_combine), carry_a) - bmin_k)
             kmask = j_ok[:, None] & i_ok[None, :]
-            if RANGE:
-                kmask = kmask & (jr[:, None] >= jlo_i[None, :])
-            elif SEG:
+            if RANGE or SEG:
                 kmask = kmask & (jr[:, None] >= jlo_i[None, :])
             kap = tl.load(KAPPA + (bh * nB + jr[:, None]) * nB + ic[None, :], mask=kmask, other=0.0)
             acc += kap * tl.minimum(ea[:, None], eb[None, :])
@@ -1101,11 +1107,8 @@ def _fpa_field_kernel(
     for i0 in range(Kb + 1, i_hi + 1, CB):
         ic = i0 + idx  # ascending I
         rows_ok = ic <= i_hi
-        # a walk that stopped before block K wrote no row for it: skipping's bound (JKEEP) or documents (JLO)
-        if RANGE:
-            rows_ok = rows_ok & (tl.load(JKEEP + bh * nB + ic, mask=rows_ok, other=nB) <= Kb)
-        elif SEG:
-            rows_ok = rows_ok & (tl.load(JLO + b * nB + ic, mask=rows_ok, other=nB) <= Kb)
+        if RANGE or SEG:  # a walk that stopped above block K wrote no row for it
+            rows_ok = rows_ok & (_walk_start(JKEEP, JLO, bh, b, nB, ic, rows_ok, RANGE) <= Kb)
         a += tl.sum(tl.load(A_PARTIAL + (bh * nB + ic[:, None]) * Tp + offs[None, :], mask=rows_ok[:, None],
                             other=0.0), axis=0)
     c = tl.load(CSUM + fbase + offs)

@@ -156,7 +156,17 @@ def tile_census(model, data, threshold: float) -> dict:
     start = time.perf_counter()
     input_ids = next(iter(data.train_dataloader()))["input_ids"].to(next(model.parameters()).device)
     print(f"tile census: one batch loaded in {time.perf_counter() - start:.1f} s", flush=True)
-    probes = model.probe(input_ids)
+
+    def block_done(i):  # the probe's pass through each block, timed: at 1 x 16384 it has stalled before now
+        return lambda *_: print(f"tile census: probe through block {i + 1}/{len(model.blocks)} at "
+                                f"{time.perf_counter() - start:.1f} s", flush=True)
+
+    hooks = [block.register_forward_hook(block_done(i)) for i, block in enumerate(model.blocks)]
+    try:
+        probes = model.probe(input_ids)
+    finally:
+        for hook in hooks:
+            hook.remove()
     print(f"tile census: the probe path's fields at {time.perf_counter() - start:.1f} s", flush=True)
     per_layer, per_head = [], []
     for i, probe in enumerate(probes):

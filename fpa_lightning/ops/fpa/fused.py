@@ -79,7 +79,8 @@ def _launch_cfg(kernel: str, skip: bool, constexprs: dict) -> dict:
 
 
 def _subtiles(kernel: str, skip: bool) -> int:
-    """Sub-tiles per 64-wide tile of the dq ("dq") or dk/dv ("dkdv") kernel; FPA_<KERNEL>_SUBTILES for A/B only."""
+    """Sub-tiles per 64-wide tile of the dq ("dq") or dk/dv ("dkdv") kernel; FPA_<KERNEL>_SUBTILES for A/B only.
+    dq's transposed tile is never split, so FPA_DQ_SUBTILES reaches only the query level and documents."""
     value = env_int(f"FPA_{kernel.upper()}_SUBTILES")
     return value if value is not None else (_SUBTILES_SKIP[kernel] if skip else 1)
 

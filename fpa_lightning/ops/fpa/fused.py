@@ -63,13 +63,13 @@ _LAUNCH_SKIP = {
 _SUBTILES_SKIP = {"dq": 2, "dkdv": 2}
 
 
-def _launch_cfg(kernel: str, skip: bool, constexprs: dict) -> dict:
-    """Launch config of a kernel ("fwd", "dq", "dkdv", ...) with these compile-time parameters.
-    FPA_<KERNEL>_{WARPS,STAGES,MAXNREG} override it for A/B benchmarks (MAXNREG=0 removes a cap); nothing else reads
-    them."""
+def _launch_cfg(kernel: str, constexprs: dict) -> dict:
+    """Launch config of a kernel ("fwd", "dq", "dkdv", ...) with these compile-time parameters (skipping's launch
+    where they say SKIP, except dq's transposed tile). FPA_<KERNEL>_{WARPS,STAGES,MAXNREG} override it for A/B
+    benchmarks (MAXNREG=0 removes a cap); nothing else reads them."""
     if _interpreting():
         return {}
-    skip_launch = skip and not constexprs.get("TRANSPOSED", False)
+    skip_launch = constexprs.get("SKIP", False) and not constexprs.get("TRANSPOSED", False)
     cfg = dict(_LAUNCH_SKIP.get(kernel, _LAUNCH[kernel]) if skip_launch else _LAUNCH[kernel])
     with_env_overrides(cfg, f"FPA_{kernel.upper()}", (("num_warps", "WARPS"), ("num_stages", "STAGES"),
                                                       ("maxnreg", "MAXNREG")))
@@ -149,12 +149,12 @@ def kernel_plan(D: int = 64, *, skip: bool = False, level: str = "key", reductio
     """[(name, kernel, constexprs, launch config)] of one variant, as `fpa_attention` launches them (the prep
     kernel aside): what benchmarks/kernel_offline.py compiles."""
     cx = _constexprs(D, dtype, skip=skip, level=level, reduction=reduction, segments=segments)
-    return [(name, _kernel(name), cx[name], _launch_cfg(name, skip, cx[name]) or _LAUNCH[name])
+    return [(name, _kernel(name), cx[name], _launch_cfg(name, cx[name]) or _LAUNCH[name])
             for name in _kernels_of(reduction)]
 
 
-def _launch(name: str, grid, cx: dict, skip: bool, *args, **overrides) -> None:
-    _kernel(name)[grid](*args, **{**cx[name], **overrides}, **_launch_cfg(name, skip, cx[name]), **TRITON_OPTIONS)
+def _launch(name: str, grid, cx: dict, *args, **overrides) -> None:
+    _kernel(name)[grid](*args, **{**cx[name], **overrides}, **_launch_cfg(name, cx[name]), **TRITON_OPTIONS)
 
 
 def _prep(phi, psi, BS):
@@ -216,12 +216,12 @@ def _segment_tables(segment_ids: torch.Tensor, BS: int, nB: int):
     return seg, bounds[0], bounds[1]
 
 
-def _dip_carry(phip, psip, seg_tables, B, H, Tp, nB, cx, skip):
+def _dip_carry(phip, psip, seg_tables, B, H, Tp, nB, cx):
     """Dip-sum's CARRY table (B*H, nB, Tp): C[I, s] = sum over s < u < start of block I of min(0, phi_u - psi_s),
     written for key blocks J < I (up to ihi[J] with segments)."""
     carry = empty_output((B * H, nB, Tp), dtype=torch.float32, device=phip.device)
     ihi = seg_tables[2] if seg_tables is not None else phip
-    _launch("dip_carry", (nB, B * H), cx, skip, phip, psip, carry, ihi, H, Tp, nB)
+    _launch("dip_carry", (nB, B * H), cx, phip, psip, carry, ihi, H, Tp, nB)
     return carry
 
 
@@ -246,10 +246,10 @@ class _FPAFunction(torch.autograd.Function):
         need_grad = any(ctx.needs_input_grad[:6])
         o32 = empty_output((B * H, Tp, D), dtype=torch.float32, device=q.device) if need_grad else lse
         # the dip-sum table is recomputed in the backward rather than kept: it is (B*H, nB, Tp)
-        carry = _dip_carry(phip, psip, seg_tables, B, H, Tp, nB, cx, skip) if reduction == "dipsum" else lse
+        carry = _dip_carry(phip, psip, seg_tables, B, H, Tp, nB, cx) if reduction == "dipsum" else lse
         segp, jlo, _ = seg_tables if seg_tables is not None else (lse, lse, lse)
         _launch(
-            "fwd", (nB, B * H), cx, skip,
+            "fwd", (nB, B * H), cx,
             q, k, v, o, o32, lse,
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
@@ -288,7 +288,7 @@ class _FPAFunction(torch.autograd.Function):
         kappa = empty_output((BH, nB, nB), dtype=torch.float32, device=dev) if not dipsum else lse
         # with skipping's walk ranges: where each query block's walk stopped, for the field kernel
         jkeep = empty_output((BH, nB), dtype=torch.int32, device=dev) if cx["dq"]["RANGE"] else lse
-        carry = _dip_carry(phip, psip, ctx.seg_tables, B, H, Tp, nB, cx, skip) if dipsum else lse
+        carry = _dip_carry(phip, psip, ctx.seg_tables, B, H, Tp, nB, cx) if dipsum else lse
         dphi = empty_output((BH, Tp), dtype=torch.float32, device=dev)
         dpsi = empty_output((BH, Tp), dtype=torch.float32, device=dev)
         dbeta = empty_output((BH, Tp), dtype=torch.float32, device=dev)
@@ -296,7 +296,7 @@ class _FPAFunction(torch.autograd.Function):
                        v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))
         dkdv_strides = (dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2))
         _launch(
-            "dq", (nB, BH), cx, skip,
+            "dq", (nB, BH), cx,
             q, k, v, do, dq, *qkv_strides, dq.stride(0), dq.stride(1), dq.stride(2),
             lse, o32, delta, phip, psip, suf, zsuf, pre, zpre, bmin, zblk, minsuf, minpsi, carry, segp, jlo, beta,
             csum, partial, kappa, jkeep, dpsi, dbeta,
@@ -304,21 +304,21 @@ class _FPAFunction(torch.autograd.Function):
         )
         if dipsum:
             _launch(
-                "dipsum_bwd", (nB, BH), cx, skip,
+                "dipsum_bwd", (nB, BH), cx,
                 q, k, v, do, dk, dv, *qkv_strides, *dkdv_strides,
                 lse, delta, phip, psip, carry, segp, ihi, beta, dpsi, dbeta, partial,
                 T, H, Tp, nB, scale, threshold,
             )
-            _launch("dphi_sum", (nB, BH), cx, skip, partial, ihi, dphi, H, Tp, nB)
+            _launch("dphi_sum", (nB, BH), cx, partial, ihi, dphi, H, Tp, nB)
         else:
             _launch(
-                "dkdv", (nB, BH), cx, skip,
+                "dkdv", (nB, BH), cx,
                 q, k, v, do, dk, dv, *qkv_strides, *dkdv_strides,
                 lse, delta, phip, psip, suf, pre, bmin, segp, ihi, beta, dpsi, dbeta,
                 T, H, Tp, nB, scale, threshold,
             )
             _launch(
-                "field", (nB, BH), cx, skip,
+                "field", (nB, BH), cx,
                 q, k, v, do, *qkv_strides,
                 lse, delta, phip, psip, suf, pre, bmin, segp, jlo, ihi, jkeep, beta, kappa, csum, partial, dphi,
                 T, H, Tp, nB, scale,

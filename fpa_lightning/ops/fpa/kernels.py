@@ -239,11 +239,17 @@ def _bound_levels(psi_i, rows_ok):
 
 
 @triton.jit
+def _block_may_keep(mid, phi_start, minpsi, beta, threshold):
+    # the walk ranges' per-block bound (min, key level): every tile (I, J) has bias at most
+    # beta*min(0, min(mid(J, I), phi(start of I)) - min psi over J) (every M(s, t) <= both, every psi_s >= the
+    # minimum), so where this is False _keep_tile fails too
+    return beta * tl.minimum(tl.minimum(mid, phi_start) - minpsi, 0.0) >= threshold
+
+
+@triton.jit
 def _lowest_kept_block(BMIN, MINPSI, bh, I, nB, j_lo, phi_start, beta, threshold, CB: tl.constexpr):
-    # The query-major walk's lower end with skipping (min, key level; docs/kernel.md §3): a tile (I, J) has bias at
-    # most beta*min(0, min(mid(J, I), phi(start of I)) - min psi over J) (every M(s, t) <= both, every psi_s >= the
-    # minimum), so a block J where that is below the threshold fails _keep_tile too; the walk stops at the lowest J
-    # where it is not. A vector pass over the blocks in chunks of CB, mid(J, I) as a running min of bmin[J + 1].
+    # The query-major walk's lower end with skipping (min, key level; docs/kernel.md §3): the lowest J where
+    # _block_may_keep holds. A vector pass over the blocks in chunks of CB, mid(J, I) as a running min of bmin[J + 1].
     j_keep = I
     carry = FAR
     idx = tl.arange(0, CB)
@@ -253,7 +259,7 @@ def _lowest_kept_block(BMIN, MINPSI, bh, I, nB, j_lo, phi_start, beta, threshold
         x = tl.load(BMIN + bh * nB + js + 1, mask=ok & (js + 1 < I), other=FAR)
         mid = tl.minimum(tl.associative_scan(x, 0, _min_combine), carry)
         minpsi = tl.load(MINPSI + bh * nB + js, mask=ok, other=FAR)
-        may = ok & (beta * tl.minimum(tl.minimum(mid, phi_start) - minpsi, 0.0) >= threshold)
+        may = ok & _block_may_keep(mid, phi_start, minpsi, beta, threshold)
         j_keep = tl.minimum(j_keep, tl.min(tl.where(may, js, I), axis=0))
         carry = tl.minimum(carry, tl.min(x, axis=0))
     return j_keep
@@ -262,8 +268,8 @@ def _lowest_kept_block(BMIN, MINPSI, bh, I, nB, j_lo, phi_start, beta, threshold
 @triton.jit
 def _highest_kept_block(BMIN, PHIP, fbase, bh, J, i_hi, nB, minpsi, beta, threshold, BS: tl.constexpr,
                         CB: tl.constexpr):
-    # The key-major walk's upper end with skipping, by the same bound as _lowest_kept_block with mid(J, I) now a
-    # running min of bmin[I - 1] as I rises and phi(start of I) read per block: the highest I where it may hold.
+    # The key-major walk's upper end with skipping: the highest I where _block_may_keep holds, mid(J, I) now a
+    # running min of bmin[I - 1] as I rises and phi(start of I) read per block.
     i_keep = J
     carry = FAR
     idx = tl.arange(0, CB)
@@ -273,7 +279,7 @@ def _highest_kept_block(BMIN, PHIP, fbase, bh, J, i_hi, nB, minpsi, beta, thresh
         x = tl.load(BMIN + bh * nB + ic - 1, mask=ok & (ic - 1 > J), other=FAR)
         mid = tl.minimum(tl.associative_scan(x, 0, _min_combine), carry)
         phi_start = tl.load(PHIP + fbase + ic * BS, mask=ok, other=FAR)
-        may = ok & (beta * tl.minimum(tl.minimum(mid, phi_start) - minpsi, 0.0) >= threshold)
+        may = ok & _block_may_keep(mid, phi_start, minpsi, beta, threshold)
         i_keep = tl.maximum(i_keep, tl.max(tl.where(may, ic, J), axis=0))
         carry = tl.minimum(carry, tl.min(x, axis=0))
     return i_keep

@@ -48,10 +48,11 @@ class StepTimer(L.Callback):
     """Wall time between the end of step `warmup` and the end of the last step, CUDA synchronised. With
     `profile_steps`, the steps after those are profiled too (CUDA time per kernel group, after the timing ends)."""
 
-    def __init__(self, warmup: int, profile_steps: int = 0):
+    def __init__(self, warmup: int, profile_steps: int = 0, profile_top: int = 3):
         self.warmup, self.start, self.end, self.timed_steps = warmup, None, None, 0
         self.profile_steps, self.profiler, self.kernel_ms = profile_steps, None, {}
-        self.top_kernels: dict[str, list[tuple[str, float]]] = {}  # group -> its 3 costliest kernels (name, ms/step)
+        self.profile_top = profile_top
+        self.top_kernels: dict[str, list[tuple[str, float]]] = {}  # group -> its costliest kernels (name, ms/step)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         step = trainer.global_step
@@ -79,7 +80,7 @@ class StepTimer(L.Callback):
             self.kernel_ms[group] = self.kernel_ms.get(group, 0.0) + ms
             members.setdefault(group, []).append((event.key[:90], round(ms, 2)))
         # printed beside the groups, so that a kernel the name rules put in the wrong group shows
-        self.top_kernels = {g: sorted(k, key=lambda item: -item[1])[:3] for g, k in sorted(members.items())}
+        self.top_kernels = {g: sorted(k, key=lambda item: -item[1])[:self.profile_top] for g, k in sorted(members.items())}
 
 
 def kernel_group(name: str) -> str:
@@ -114,7 +115,7 @@ def measure(backend: str, variant: str, args) -> dict:
         source="offline", tokenizer=args.tokenizer, seq_len=args.seq_len, batch_size=args.batch_size,
         num_workers=args.workers,
     )
-    timer = StepTimer(args.warmup, args.profile_steps)
+    timer = StepTimer(args.warmup, args.profile_steps, args.profile_top)
     trainer = L.Trainer(
         accelerator="gpu", devices=1, precision="bf16-mixed", max_steps=args.steps, gradient_clip_val=1.0,
         logger=False, enable_checkpointing=False, enable_progress_bar=False, limit_val_batches=0,
@@ -201,6 +202,8 @@ def main() -> None:
     parser.add_argument("--profile-steps", type=int, default=0,
                         help="profile the last N steps (after the timed ones): CUDA ms per step by kernel group, "
                              "which says what bounds FPA against softmax")
+    parser.add_argument("--profile-top", type=int, default=3,
+                        help="with --profile-steps: how many of each group's costliest kernels to list")
     parser.add_argument("--tile-census", action="store_true",
                         help="with --skip and FPA: after training, each layer's fraction of 64 x 64 tiles that the "
                              "skip keeps, on one batch (what the skip can save on the model's own fields)")

@@ -26,9 +26,9 @@ def test_a_tree_runs_its_own_package_and_a_changed_one_is_told_apart(tmp_path):
     shutil.copytree(ROOT / "fpa_lightning", changed / "fpa_lightning", ignore=shutil.ignore_patterns("__pycache__"))
     fused = changed / "fpa_lightning" / "ops" / "fpa" / "fused.py"
     text = fused.read_text()
-    default_scale = "scale = 1.0 / math.sqrt(D) if scale is None"
+    default_scale = "scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None"
     assert default_scale in text
-    fused.write_text(text.replace(default_scale, "scale = 1.001 / math.sqrt(D) if scale is None"))
+    fused.write_text(text.replace(default_scale, "scale = 1.001 / math.sqrt(q.shape[-1]) if scale is None"))
     runs = {}
     for name, tree in (("repo", ROOT), ("again", ROOT), ("changed", changed)):
         runs[name] = str(tmp_path / f"{name}.pt")

@@ -9,6 +9,8 @@ from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader
 
 from fpa_lightning import AttentionConfig, ModelConfig
+from fpa_lightning.attention.backends import FpaBackend
+from fpa_lightning.ops.kernel_inputs import interpreting
 from modules import LanguageModel, OptimConfig
 from modules.optim import fused_adamw_applies, lr_factor
 
@@ -185,6 +187,22 @@ def test_compile_smoke_same_losses_and_no_graph_break(tmp_path):
     assert all(getattr(block, "_compiled_call_impl", None) is not None for block in lm.model.blocks)
     assert lm.hparams["compile"] == {"backend": "eager", "fullgraph": True}
     assert losses[1] == pytest.approx(losses[0], rel=1e-5)
+
+
+@pytest.mark.skipif(not interpreting(), reason="runs the fused op on a CPU, through the Triton interpreter")
+def test_compiled_blocks_hold_fpas_fused_op_in_one_graph(tmp_path, monkeypatch):
+    """With the fused FPA op (the Triton interpreter on a CPU) each compiled block is one graph, attention included
+    (fullgraph=True: a graph break fails; AOTAutograd traces the forward and backward custom ops through their fake
+    implementations), and two steps give the uncompiled model's losses exactly: the same kernels run."""
+    monkeypatch.setattr(FpaBackend, "fused_needs_cuda", False)  # the interpreter stands in for CUDA
+    losses = []
+    for compile_options in (False, {"backend": "aot_eager", "fullgraph": True}):
+        torch.manual_seed(0)
+        lm = LanguageModel(tiny_config(impl="fused"), OptimConfig(warmup_steps=1), compile=compile_options)
+        _, recorder = fit(lm, 2, tmp_path)
+        losses.append(recorder.losses)
+    assert lm.model.attention_impls("cpu") == ["fpa:fused"] * 2
+    assert losses[1] == losses[0]
 
 
 def test_auto_falls_back_loudly_once_naming_the_layer(tmp_path):

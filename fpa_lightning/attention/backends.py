@@ -66,8 +66,8 @@ class AlibiBackend(AttentionBackend):
 
 
 # Under torch.compile (``model.compile``) these run between graphs, a graph break per layer: the Triton autograd
-# function is launched as is, and FlexAttention is compiled on its own (with its own length handling).
-_fused_fpa = torch.compiler.disable(fused_fpa_attention)
+# functions are launched as they are, and FlexAttention is compiled on its own (with its own length handling). FPA's
+# op is traced whole instead, as two custom ops (ops/fpa/fused.py): its compiled block is one graph.
 _fox_flex = torch.compiler.disable(fox_flex_attention)
 _fused_selective = torch.compiler.disable(selective_attention_fused)
 _fused_dcp = torch.compiler.disable(dcp_attention_fused)
@@ -177,9 +177,9 @@ class FpaBackend(AttentionBackend):
                               level=self.cfg.fpa_op_level)
 
     def fused(self, q, k, v, ingredients, segment_ids=None):
-        return _fused_fpa(q, k, v, ingredients["phi"], ingredients["psi"], ingredients["beta"], scale=self.scale,
-                          reduction=self.cfg.fpa_reduction, level=self.cfg.fpa_op_level,
-                          skip_threshold=self.cfg.skip_threshold, segment_ids=segment_ids)
+        return fused_fpa_attention(q, k, v, ingredients["phi"], ingredients["psi"], ingredients["beta"],
+                                   scale=self.scale, reduction=self.cfg.fpa_reduction, level=self.cfg.fpa_op_level,
+                                   skip_threshold=self.cfg.skip_threshold, segment_ids=segment_ids)
 
     # decoding: per cached key s and head, its level ψ_s and the running path statistic of (s, t]: the minimum
     # m_s = min φ_u (min reduction) or the dip sum Σ min(0, φ_u − ψ_s) (dipsum); per row, the walk so far.

@@ -10,8 +10,9 @@ gradients for q, k, v, phi, psi and beta. Every variant of docs/method.md is fus
 `segment_ids` (B, T) masks attention across documents. `skip_threshold` (a negative float, e.g. -10; None =
 off) skips every (query block, key block) tile whose bias is provably below it, in forward and backward.
 
-Layout follows fla: input checks here (shared ones in ops/kernel_inputs.py), one autograd.Function (and its
-vmap-capable form), kernels in kernels.py.
+Layout follows fla: input checks here (shared ones in ops/kernel_inputs.py), the forward's and the backward's launches
+as two functions, called by one autograd.Function (and its vmap-capable form) and, under torch.compile, by two custom
+ops that the compiled graph holds (docs/training.md, "torch.compile"); kernels in kernels.py.
 """
 from __future__ import annotations
 
@@ -157,24 +158,34 @@ def _launch(name: str, grid, cx: dict, *args, **overrides) -> None:
     _kernel(name)[grid](*args, **{**cx[name], **overrides}, **_launch_cfg(name, cx[name]), **TRITON_OPTIONS)
 
 
-def _prep(phi, psi, BS):
-    """Per-block field quantities in padded (B*H, Tp) / (B*H, nB) fp32 buffers: phi, psi, suffix/prefix minima and
-    their normalisers, block minima, their normalisers, the minimum of each block's suffix minima and each block's
-    lowest psi (the backward's ten); and, for the forward alone, the key side of the bias min(0, suf - psi)."""
+def _prep(phi, psi, BS) -> torch.Tensor:
+    """Per-block field quantities in one padded fp32 buffer (`_prep_views` names its parts): phi, psi, suffix/prefix
+    minima and their normalisers, block minima, their normalisers, the minimum of each block's suffix minima and each
+    block's lowest psi (the backward's ten); and, for the forward alone, the key side of the bias min(0, suf - psi)."""
     B, T, H = phi.shape
     nB = cdiv(T, BS)
     Tp = nB * BS
     BH = B * H
     # one allocation: host overhead matters at short T, where the kernels are short (KERNEL_LOG.md, "FPA, the fused
     # kernel", v6)
-    flat = empty_output((7 * BH * Tp + 4 * BH * nB,), dtype=torch.float32, device=phi.device)
-    phip, psip, suf, zsuf, pre, zpre, asuf = flat[: 7 * BH * Tp].view(7, BH, Tp).unbind(0)
-    bmin, zblk, minsuf, minpsi = flat[7 * BH * Tp:].view(4, BH, nB).unbind(0)
+    flat = empty_output((_prep_numel(BH, Tp, nB),), dtype=torch.float32, device=phi.device)
+    (phip, psip, suf, zsuf, pre, zpre, bmin, zblk, minsuf, minpsi), asuf = _prep_views(flat, BH, Tp, nB)
     load_kernels()._fpa_prep_kernel[(nB, BH)](
         phi, psi, phi.stride(0), phi.stride(1), phi.stride(2),
         phip, psip, suf, zsuf, pre, zpre, asuf, bmin, zblk, minsuf, minpsi,
         T, H, Tp, nB, BS=BS, **({} if _interpreting() else {"num_warps": 1}), **TRITON_OPTIONS,
     )
+    return flat
+
+
+def _prep_numel(BH: int, Tp: int, nB: int) -> int:
+    return 7 * BH * Tp + 4 * BH * nB
+
+
+def _prep_views(flat: torch.Tensor, BH: int, Tp: int, nB: int):
+    """`_prep`'s buffer as (the backward's ten tables, asuf): seven (B*H, Tp) rows, then four (B*H, nB)."""
+    phip, psip, suf, zsuf, pre, zpre, asuf = flat[: 7 * BH * Tp].view(7, BH, Tp).unbind(0)
+    bmin, zblk, minsuf, minpsi = flat[7 * BH * Tp:].view(4, BH, nB).unbind(0)
     return (phip, psip, suf, zsuf, pre, zpre, bmin, zblk, minsuf, minpsi), asuf
 
 
@@ -202,7 +213,8 @@ def segment_tables_reference(segment_ids: torch.Tensor, BS: int, nB: int):
 
 def _segment_tables(segment_ids: torch.Tensor, BS: int, nB: int):
     """`segment_tables_reference`'s tables by one kernel launch per call instead of a dozen small torch operations
-    (their launches were a visible share of a short forward with documents): the same (B, Tp) ids and (B, nB) bounds."""
+    (their launches were a visible share of a short forward with documents): the same (B, Tp) ids, and both (B, nB)
+    bounds in one (2, B, nB) tensor (jlo, ihi)."""
     B, T = segment_ids.shape
     Tp = nB * BS
     seg = empty_output((B, Tp), dtype=torch.int32, device=segment_ids.device)
@@ -213,134 +225,134 @@ def _segment_tables(segment_ids: torch.Tensor, BS: int, nB: int):
         segment_ids, segment_ids.stride(0), segment_ids.stride(1), seg, stats, bounds[0], bounds[1], T, Tp, nB, steps,
         BS=BS, CB=min(64, max(2, next_power_of_2(nB))), **({} if _interpreting() else {"num_warps": 4}),
         **TRITON_OPTIONS)
-    return seg, bounds[0], bounds[1]
+    return seg, bounds
 
 
-def _dip_carry(phip, psip, seg_tables, B, H, Tp, nB, cx):
+def _dip_carry(phip, psip, ihi, B, H, Tp, nB, cx):
     """Dip-sum's CARRY table (B*H, nB, Tp): C[I, s] = sum over s < u < start of block I of min(0, phi_u - psi_s),
-    written for key blocks J < I (up to ihi[J] with segments)."""
+    written for key blocks J < I (up to ihi[J] with segments; without, ihi is any tensor and unread)."""
     carry = empty_output((B * H, nB, Tp), dtype=torch.float32, device=phip.device)
-    ihi = seg_tables[2] if seg_tables is not None else phip
     _launch("dip_carry", (nB, B * H), cx, phip, psip, carry, ihi, H, Tp, nB)
     return carry
 
 
-_N_PREP = 10
-"""Buffers `_prep` returns."""
+def _forward(q, k, v, phi, psi, beta, scale, skip_threshold, reduction, level, segment_ids, store32):
+    """The forward's launches: o (B, T, H, D) and what the backward reads, (o32, lse, prep, seg, bounds): the fp32
+    output (B*H, Tp, D) (an empty tensor unless store32), the row log-sum-exp (B*H, Tp), `_prep`'s buffer, and the
+    document tables of `_segment_tables` (empty tensors without documents)."""
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    phi, psi = phi.contiguous(), psi.contiguous()  # one set of strides serves phi and psi in the kernels
+    B, T, H, D = q.shape
+    BS = _block_size()
+    nB = cdiv(T, BS)
+    Tp = nB * BS
+    skip = skip_threshold is not None
+    seg, bounds = _segment_tables(segment_ids, BS, nB) if segment_ids is not None else (q.new_empty(0), q.new_empty(0))
+    cx = _constexprs(D, q.dtype, skip=skip, level=level, reduction=reduction, segments=segment_ids is not None)
+    prep = _prep(phi, psi, BS)
+    (phip, psip, suf, _, pre, _, bmin, _, _, minpsi), asuf = _prep_views(prep, B * H, Tp, nB)
+    o = empty_output((B, T, H, D), dtype=q.dtype, device=q.device)
+    lse = empty_output((B * H, Tp), dtype=torch.float32, device=q.device)
+    o32 = empty_output((B * H, Tp, D) if store32 else (0,), dtype=torch.float32, device=q.device)
+    jlo, ihi = bounds.unbind(0) if segment_ids is not None else (lse, lse)  # unread without documents
+    segp = seg if segment_ids is not None else lse
+    # the dip-sum table is recomputed in the backward rather than kept: it is (B*H, nB, Tp)
+    carry = _dip_carry(phip, psip, ihi, B, H, Tp, nB, cx) if reduction == "dipsum" else lse
+    _launch(
+        "fwd", (nB, B * H), cx,
+        q, k, v, o, o32 if store32 else lse, lse,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
+        phip, psip, suf, asuf, pre, bmin, minpsi, carry, segp, jlo, beta,
+        T, H, Tp, nB, scale, float(skip_threshold) if skip else 0.0, STORE32=store32,
+    )
+    return o, (o32, lse, prep, seg, bounds)
+
+
+def _backward(do, q, k, v, beta, o32, lse, prep, seg, bounds, scale, skip_threshold, reduction, level):
+    """The backward's launches from what `_forward` kept: (dq, dk, dv, dphi, dpsi, dbeta), dphi and dpsi (B, T, H) in
+    (B, H, T) strides."""
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))  # as `_forward` read them
+    B, T, H, D = q.shape
+    BS = _block_size()
+    nB = cdiv(T, BS)
+    Tp = nB * BS
+    BH = B * H
+    dev = q.device
+    segments = seg.numel() > 0
+    skip = skip_threshold is not None
+    cx = _constexprs(D, q.dtype, skip=skip, level=level, reduction=reduction, segments=segments)
+    threshold = float(skip_threshold) if skip else 0.0
+    dipsum = reduction == "dipsum"
+    (phip, psip, suf, zsuf, pre, zpre, bmin, zblk, minsuf, minpsi), _ = _prep_views(prep, BH, Tp, nB)
+    jlo, ihi = bounds.unbind(0) if segments else (lse, lse)
+    segp = seg if segments else lse
+    if do.stride(-1) != 1:
+        do = do.contiguous()
+    dq = empty_output(q.shape, dtype=q.dtype, device=dev)
+    dk = empty_output(k.shape, dtype=k.dtype, device=dev)
+    dv = empty_output(v.shape, dtype=v.dtype, device=dev)
+    delta = empty_output((BH, Tp), dtype=torch.float32, device=dev)
+    # min: a_s partials per (query block I, key position s), only J < I written and read;
+    # dip-sum: dphi partials per (key block J, position u), only J <= block of u
+    partial = empty_output((BH, nB, Tp), dtype=torch.float32, device=dev)
+    csum = empty_output((BH, Tp), dtype=torch.float32, device=dev) if not dipsum else lse
+    kappa = empty_output((BH, nB, nB), dtype=torch.float32, device=dev) if not dipsum else lse
+    # with skipping's walk ranges: where each query block's walk stopped, for the field kernel
+    jkeep = empty_output((BH, nB), dtype=torch.int32, device=dev) if cx["dq"]["RANGE"] else lse
+    carry = _dip_carry(phip, psip, ihi, B, H, Tp, nB, cx) if dipsum else lse
+    dphi = empty_output((BH, Tp), dtype=torch.float32, device=dev)
+    dpsi = empty_output((BH, Tp), dtype=torch.float32, device=dev)
+    dbeta = empty_output((BH, Tp), dtype=torch.float32, device=dev)
+    qkv_strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+                   v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))
+    dkdv_strides = (dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2))
+    _launch(
+        "dq", (nB, BH), cx,
+        q, k, v, do, dq, *qkv_strides, dq.stride(0), dq.stride(1), dq.stride(2),
+        lse, o32, delta, phip, psip, suf, zsuf, pre, zpre, bmin, zblk, minsuf, minpsi, carry, segp, jlo, beta,
+        csum, partial, kappa, jkeep, dpsi, dbeta,
+        T, H, Tp, nB, scale, threshold,
+    )
+    if dipsum:
+        _launch(
+            "dipsum_bwd", (nB, BH), cx,
+            q, k, v, do, dk, dv, *qkv_strides, *dkdv_strides,
+            lse, delta, phip, psip, carry, segp, ihi, beta, dpsi, dbeta, partial,
+            T, H, Tp, nB, scale, threshold,
+        )
+        _launch("dphi_sum", (nB, BH), cx, partial, ihi, dphi, H, Tp, nB)
+    else:
+        _launch(
+            "dkdv", (nB, BH), cx,
+            q, k, v, do, dk, dv, *qkv_strides, *dkdv_strides,
+            lse, delta, phip, psip, suf, pre, bmin, segp, ihi, beta, dpsi, dbeta,
+            T, H, Tp, nB, scale, threshold,
+        )
+        _launch(
+            "field", (nB, BH), cx,
+            q, k, v, do, *qkv_strides,
+            lse, delta, phip, psip, suf, pre, bmin, segp, jlo, ihi, jkeep, beta, kappa, csum, partial, dphi,
+            T, H, Tp, nB, scale,
+        )
+    dphi_out = dphi.view(B, H, Tp)[:, :, :T].permute(0, 2, 1)
+    dpsi_out = dpsi.view(B, H, Tp)[:, :, :T].permute(0, 2, 1)
+    dbeta_out = dbeta.view(B, H, Tp)[:, :, :T].sum(dim=(0, 2))
+    return dq, dk, dv, dphi_out, dpsi_out, dbeta_out.to(beta.dtype)
 
 
 class _FPAFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, phi, psi, beta, scale, skip_threshold, reduction, level, segment_ids):
-        B, T, H, D = q.shape
-        BS = _block_size()
-        nB = cdiv(T, BS)
-        Tp = nB * BS
-        skip = skip_threshold is not None
-        seg_tables = _segment_tables(segment_ids, BS, nB) if segment_ids is not None else None
-        cx = _constexprs(D, q.dtype, skip=skip, level=level, reduction=reduction, segments=seg_tables is not None)
-        prep, asuf = _prep(phi, psi, BS)
-        phip, psip, suf, zsuf, pre, zpre, bmin, zblk, minsuf, minpsi = prep
-        o = empty_output((B, T, H, D), dtype=q.dtype, device=q.device)
-        lse = empty_output((B * H, Tp), dtype=torch.float32, device=q.device)
-        need_grad = any(ctx.needs_input_grad[:6])
-        o32 = empty_output((B * H, Tp, D), dtype=torch.float32, device=q.device) if need_grad else lse
-        # the dip-sum table is recomputed in the backward rather than kept: it is (B*H, nB, Tp)
-        carry = _dip_carry(phip, psip, seg_tables, B, H, Tp, nB, cx) if reduction == "dipsum" else lse
-        segp, jlo, _ = seg_tables if seg_tables is not None else (lse, lse, lse)
-        _launch(
-            "fwd", (nB, B * H), cx,
-            q, k, v, o, o32, lse,
-            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-            v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
-            phip, psip, suf, asuf, pre, bmin, minpsi, carry, segp, jlo, beta,
-            T, H, Tp, nB, scale, float(skip_threshold) if skip else 0.0, STORE32=need_grad,
-        )
-        ctx.save_for_backward(q, k, v, beta, o32, lse, *prep)
-        ctx.seg_tables = seg_tables
-        ctx.cfg = (scale, skip_threshold, reduction, cx)
+        store32 = any(ctx.needs_input_grad[:6])
+        o, kept = _forward(q, k, v, phi, psi, beta, scale, skip_threshold, reduction, level, segment_ids, store32)
+        ctx.save_for_backward(q, k, v, beta, *kept)
+        ctx.cfg = (scale, skip_threshold, reduction, level)
         return o
 
     @staticmethod
     def backward(ctx, do):
-        q, k, v, beta, o32, lse, phip, psip, suf, zsuf, pre, zpre, bmin, zblk, minsuf, minpsi = ctx.saved_tensors
-        scale, skip_threshold, reduction, cx = ctx.cfg
-        B, T, H, D = q.shape
-        BS = cx["fwd"]["BS"]
-        nB = cdiv(T, BS)
-        Tp = nB * BS
-        BH = B * H
-        dev = q.device
-        skip = skip_threshold is not None
-        threshold = float(skip_threshold) if skip else 0.0
-        dipsum = reduction == "dipsum"
-        segp, jlo, ihi = ctx.seg_tables if ctx.seg_tables is not None else (lse, lse, lse)
-        if do.stride(-1) != 1:
-            do = do.contiguous()
-        dq = empty_output(q.shape, dtype=q.dtype, device=dev)
-        dk = empty_output(k.shape, dtype=k.dtype, device=dev)
-        dv = empty_output(v.shape, dtype=v.dtype, device=dev)
-        delta = empty_output((BH, Tp), dtype=torch.float32, device=dev)
-        # min: a_s partials per (query block I, key position s), only J < I written and read;
-        # dip-sum: dphi partials per (key block J, position u), only J <= block of u
-        partial = empty_output((BH, nB, Tp), dtype=torch.float32, device=dev)
-        csum = empty_output((BH, Tp), dtype=torch.float32, device=dev) if not dipsum else lse
-        kappa = empty_output((BH, nB, nB), dtype=torch.float32, device=dev) if not dipsum else lse
-        # with skipping's walk ranges: where each query block's walk stopped, for the field kernel
-        jkeep = empty_output((BH, nB), dtype=torch.int32, device=dev) if cx["dq"]["RANGE"] else lse
-        carry = _dip_carry(phip, psip, ctx.seg_tables, B, H, Tp, nB, cx) if dipsum else lse
-        dphi = empty_output((BH, Tp), dtype=torch.float32, device=dev)
-        dpsi = empty_output((BH, Tp), dtype=torch.float32, device=dev)
-        dbeta = empty_output((BH, Tp), dtype=torch.float32, device=dev)
-        qkv_strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-                       v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))
-        dkdv_strides = (dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2))
-        _launch(
-            "dq", (nB, BH), cx,
-            q, k, v, do, dq, *qkv_strides, dq.stride(0), dq.stride(1), dq.stride(2),
-            lse, o32, delta, phip, psip, suf, zsuf, pre, zpre, bmin, zblk, minsuf, minpsi, carry, segp, jlo, beta,
-            csum, partial, kappa, jkeep, dpsi, dbeta,
-            T, H, Tp, nB, scale, threshold,
-        )
-        if dipsum:
-            _launch(
-                "dipsum_bwd", (nB, BH), cx,
-                q, k, v, do, dk, dv, *qkv_strides, *dkdv_strides,
-                lse, delta, phip, psip, carry, segp, ihi, beta, dpsi, dbeta, partial,
-                T, H, Tp, nB, scale, threshold,
-            )
-            _launch("dphi_sum", (nB, BH), cx, partial, ihi, dphi, H, Tp, nB)
-        else:
-            _launch(
-                "dkdv", (nB, BH), cx,
-                q, k, v, do, dk, dv, *qkv_strides, *dkdv_strides,
-                lse, delta, phip, psip, suf, pre, bmin, segp, ihi, beta, dpsi, dbeta,
-                T, H, Tp, nB, scale, threshold,
-            )
-            _launch(
-                "field", (nB, BH), cx,
-                q, k, v, do, *qkv_strides,
-                lse, delta, phip, psip, suf, pre, bmin, segp, jlo, ihi, jkeep, beta, kappa, csum, partial, dphi,
-                T, H, Tp, nB, scale,
-            )
-        dphi_out = dphi.view(B, H, Tp)[:, :, :T].permute(0, 2, 1)
-        dpsi_out = dpsi.view(B, H, Tp)[:, :, :T].permute(0, 2, 1)
-        dbeta_out = dbeta.view(B, H, Tp)[:, :, :T].sum(dim=(0, 2))
-        return dq, dk, dv, dphi_out, dpsi_out, dbeta_out.to(beta.dtype), None, None, None, None, None
-
-
-class _SavedByForward:
-    """What `_FPAFunction.forward` reads from and writes to its ctx, for calling it from `_FPAVmappable`."""
-
-    def __init__(self, store32: bool):
-        self.needs_input_grad = (store32,) * 6 + (False,) * 5
-
-    def save_for_backward(self, *tensors):
-        self.saved_tensors = tensors
-
-
-_N_SAVED_INPUTS = 4
-"""q, k, v and beta open `_FPAFunction`'s saved tensors; the buffers its forward made follow."""
+        return (*_backward(do, *ctx.saved_tensors, *ctx.cfg), None, None, None, None, None)
 
 
 class _FPAVmappable(torch.autograd.Function):
@@ -352,24 +364,19 @@ class _FPAVmappable(torch.autograd.Function):
 
     @staticmethod
     def forward(q, k, v, phi, psi, beta, scale, skip_threshold, reduction, level, segment_ids, store32):
-        saved = _SavedByForward(store32)
-        o = _FPAFunction.forward(saved, q, k, v, phi, psi, beta, scale, skip_threshold, reduction, level, segment_ids)
-        return (o, *saved.saved_tensors[_N_SAVED_INPUTS:], *(saved.seg_tables or ()))
+        o, kept = _forward(q, k, v, phi, psi, beta, scale, skip_threshold, reduction, level, segment_ids, store32)
+        return (o, *kept)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        q, k, v, _, _, beta, scale, skip_threshold, reduction, level, segment_ids, _ = inputs
-        n_buffers = 2 + _N_PREP  # o32, lse and the field tables
+        q, k, v, _, _, beta, scale, skip_threshold, reduction, level, _, _ = inputs
         ctx.mark_non_differentiable(*output[1:])
-        ctx.save_for_backward(q, k, v, beta, *output[1:1 + n_buffers])
-        ctx.seg_tables = tuple(output[1 + n_buffers:]) or None
-        cx = _constexprs(q.shape[-1], q.dtype, skip=skip_threshold is not None, level=level, reduction=reduction,
-                         segments=segment_ids is not None)
-        ctx.cfg = (scale, skip_threshold, reduction, cx)
+        ctx.save_for_backward(q, k, v, beta, *output[1:])
+        ctx.cfg = (scale, skip_threshold, reduction, level)
 
     @staticmethod
     def backward(ctx, do, *_buffers):  # _buffers: (zero) gradients of the non-differentiable outputs
-        return (*_FPAFunction.backward(ctx, do), None)
+        return (*_backward(do, *ctx.saved_tensors, *ctx.cfg), None, None, None, None, None, None)
 
     @staticmethod
     def vmap(info, in_dims, q, k, v, phi, psi, beta, scale, skip_threshold, reduction, level, segment_ids, store32):
@@ -393,6 +400,66 @@ class _FPAVmappable(torch.autograd.Function):
                                   store32)
         o = out[0].unflatten(2, (E, H)).movedim(2, 0)  # (E, B, T, H, D)
         return (o, *out[1:]), (0,) + (None,) * (len(out) - 1)
+
+
+# Under torch.compile the op is two torch.library custom ops, forward and backward, which Dynamo traces as single
+# nodes: a compiled block then holds the attention instead of breaking its graph around it (docs/training.md,
+# "torch.compile"). The schemas are spelled out so that they do not depend on how a torch version reads annotations.
+@torch.library.custom_op(
+    "fpa_lightning::fpa_forward", mutates_args=(),
+    schema="(Tensor q, Tensor k, Tensor v, Tensor phi, Tensor psi, Tensor beta, float scale, float? skip_threshold, "
+           "str reduction, str level, Tensor? segment_ids, bool store32) -> (Tensor, Tensor, Tensor, Tensor, Tensor, "
+           "Tensor)")
+def fpa_forward_op(q, k, v, phi, psi, beta, scale, skip_threshold, reduction, level, segment_ids, store32):
+    """`_forward` as one op: (o, o32, lse, prep, seg, bounds)."""
+    o, kept = _forward(q, k, v, phi, psi, beta, scale, skip_threshold, reduction, level, segment_ids, store32)
+    return (o, *kept)
+
+
+@fpa_forward_op.register_fake
+def _fpa_forward_shapes(q, k, v, phi, psi, beta, scale, skip_threshold, reduction, level, segment_ids, store32):
+    B, T, H, D = q.shape
+    nB = cdiv(T, _block_size())
+    Tp, BH = nB * _block_size(), B * H
+    f32 = {"dtype": torch.float32, "device": q.device}
+    seg, bounds = (((B, Tp), (2, B, nB)) if segment_ids is not None else ((0,), (0,)))
+    return (q.new_empty((B, T, H, D)), torch.empty((BH, Tp, D) if store32 else (0,), **f32), torch.empty((BH, Tp), **f32),
+            torch.empty((_prep_numel(BH, Tp, nB),), **f32),
+            *(torch.empty(shape, dtype=torch.int32 if segment_ids is not None else q.dtype, device=q.device)
+              for shape in (seg, bounds)))
+
+
+@torch.library.custom_op(
+    "fpa_lightning::fpa_backward", mutates_args=(),
+    schema="(Tensor do, Tensor q, Tensor k, Tensor v, Tensor beta, Tensor o32, Tensor lse, Tensor prep, Tensor seg, "
+           "Tensor bounds, float scale, float? skip_threshold, str reduction, str level) -> (Tensor, Tensor, Tensor, "
+           "Tensor, Tensor, Tensor)")
+def fpa_backward_op(do, q, k, v, beta, o32, lse, prep, seg, bounds, scale, skip_threshold, reduction, level):
+    """`_backward` as one op: (dq, dk, dv, dphi, dpsi, dbeta)."""
+    return _backward(do, q, k, v, beta, o32, lse, prep, seg, bounds, scale, skip_threshold, reduction, level)
+
+
+@fpa_backward_op.register_fake
+def _fpa_backward_shapes(do, q, k, v, beta, o32, lse, prep, seg, bounds, scale, skip_threshold, reduction, level):
+    B, T, H, _ = q.shape
+    Tp = cdiv(T, _block_size()) * _block_size()
+    field = {"size": (B, T, H), "stride": (H * Tp, 1, Tp), "dtype": torch.float32, "device": q.device}
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), torch.empty_strided(**field),
+            torch.empty_strided(**field), beta.new_empty(beta.shape))
+
+
+def _fpa_op_setup(ctx, inputs, output):
+    q, k, v, _, _, beta, scale, skip_threshold, reduction, level, _, _ = inputs
+    ctx.mark_non_differentiable(*output[1:])
+    ctx.save_for_backward(q, k, v, beta, *output[1:])
+    ctx.cfg = (scale, skip_threshold, reduction, level)
+
+
+def _fpa_op_backward(ctx, do, *_buffers):  # _buffers: gradients of the non-differentiable outputs
+    return (*fpa_backward_op(do, *ctx.saved_tensors, *ctx.cfg), None, None, None, None, None, None)
+
+
+fpa_forward_op.register_autograd(_fpa_op_backward, setup_context=_fpa_op_setup)
 
 
 def _check(q, k, v, phi, psi, beta, scale, skip_threshold, reduction, level, segment_ids):
@@ -436,20 +503,14 @@ def fpa_attention(
     `_FPAVmappable`), with document ids shared by the copies.
     """
     _check(q, k, v, phi, psi, beta, scale, skip_threshold, reduction, level, segment_ids)
-    D = q.shape[-1]
-    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    if q.stride(-1) != 1:
-        q = q.contiguous()
-    if k.stride(-1) != 1:
-        k = k.contiguous()
-    if v.stride(-1) != 1:
-        v = v.contiguous()
-    # one set of strides serves phi and psi in the kernels
-    phi, psi, beta = phi.contiguous(), psi.contiguous(), beta.contiguous()
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    args = (q, k, v, phi, psi, beta.contiguous(), scale, skip_threshold, reduction, level, segment_ids)
+    # whether the backward will need the float32 output; inside vmap the tensors do not report requires_grad, so the
+    # vmap rule reads it off the real ones
+    store32 = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v, phi, psi, beta))
+    if torch.compiler.is_compiling():
+        return fpa_forward_op(*args, store32)[0]
     # the test autograd.Function.apply itself uses to route a call through functorch
     if torch._C._are_functorch_transforms_active():
-        # inside vmap these tensors do not report requires_grad; the vmap rule reads it off the real ones
-        store32 = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v, phi, psi, beta))
-        return _FPAVmappable.apply(q, k, v, phi, psi, beta, scale, skip_threshold, reduction, level, segment_ids,
-                                   store32)[0]
-    return _FPAFunction.apply(q, k, v, phi, psi, beta, scale, skip_threshold, reduction, level, segment_ids)
+        return _FPAVmappable.apply(*args, store32)[0]
+    return _FPAFunction.apply(*args)

@@ -395,7 +395,7 @@ def test_documents_with_any_ids_match_reference():
 def test_walk_bounds_of_documents():
     # per block: the lowest key block / highest query block that can share a document (BS = 4 here)
     ids = torch.tensor([[0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 2, 3, 3]])  # blocks [0 0 0 0] [0 1 1 1] [1 1 1 2] [3 3 .]
-    seg, jlo, ihi = fused_mod._segment_tables(ids, 4, 4)
+    seg, (jlo, ihi) = fused_mod._segment_tables(ids, 4, 4)
     assert seg.shape == (1, 16) and seg[0, -2:].tolist() == [3, 3]
     assert jlo.tolist() == [[0, 0, 1, 3]] and ihi.tolist() == [[1, 2, 2, 3]]
 
@@ -412,7 +412,8 @@ def test_segment_tables_kernel_equals_its_reference(kind):
                "one document": lambda: torch.zeros(B, T, dtype=torch.long),
                "int64 beyond int32": lambda: torch.randint(-2**40, 2**40, (B, T), generator=gen)}[kind]().to(DEV)
         reference = fused_mod.segment_tables_reference(ids, BS, nB)
-        for name, want, got in zip(("ids", "jlo", "ihi"), reference, fused_mod._segment_tables(ids, BS, nB)):
+        seg, bounds = fused_mod._segment_tables(ids, BS, nB)
+        for name, want, got in zip(("ids", "jlo", "ihi"), reference, (seg, *bounds)):
             assert got.dtype == want.dtype and torch.equal(got, want), (B, T, name)
 
 
@@ -664,3 +665,43 @@ def test_gpu_variant_all_alive_and_deterministic_and_written(name, monkeypatch):
 @pytest.mark.parametrize("name", ["query", "dipsum", "min+docs"])
 def test_gpu_variant_skipping_error_is_bounded(name):
     _variant_skipping_check(name, "cuda")
+
+
+# ------------------------------------------------------------------------------------------------
+# torch.compile: the op as two custom ops (forward, backward), traced whole
+# ------------------------------------------------------------------------------------------------
+COMPILED_VARIANTS = {"min": {}, "query": {"level": "query"}, "dipsum": {"reduction": "dipsum"}, "min+docs": {},
+                     "min-skip": {"skip_threshold": -1.0}}
+
+
+@pytest.mark.parametrize("variant", list(COMPILED_VARIANTS))
+def test_compiled_call_is_one_graph_with_the_eager_numbers(variant):
+    """fpa_attention under torch.compile (fullgraph: a graph break fails; AOTAutograd traces forward and backward
+    through the ops' fake implementations) gives the eager call's output and six gradients bit for bit: the same
+    kernels run."""
+    torch._dynamo.reset()
+    inputs, do = make_inputs(2, 37, 2, 16, drift=-0.3, step=1.5, seed=11)
+    kw = {**COMPILED_VARIANTS[variant], **variant_kwargs(variant.split("-")[0], 2, 37)}
+    eager = run(fpa_attention, inputs, do, torch.float32, DEV, **kw)
+    compiled = run(torch.compile(fpa_attention, backend="aot_eager", fullgraph=True), inputs, do, torch.float32, DEV,
+                   **kw)
+    for name, want, got in zip(NAMES, eager, compiled):
+        assert torch.equal(got, want), name
+
+
+@pytest.mark.parametrize("variant", ["min", "dipsum+docs"])
+def test_custom_ops_fake_and_autograd_registrations(variant):
+    """torch.library.opcheck: the schemas, the fake implementations against the real outputs' shapes, strides and
+    dtypes, and the autograd registration, for the forward op and the backward op it calls."""
+    inputs, do = make_inputs(1, 21, 2, 16, seed=12)
+    q, k, v, phi, psi, beta = (t.to(DEV, torch.float32).requires_grad_() for t in inputs)
+    kw = {"skip_threshold": None, "reduction": "min", "level": "key", "segment_ids": None,
+          **variant_kwargs(variant, 1, 21)}
+    args = (q, k, v, phi, psi, beta, 0.25, kw["skip_threshold"], kw["reduction"], kw["level"], kw["segment_ids"], True)
+    torch.library.opcheck(fused_mod.fpa_forward_op, args)
+    with torch.no_grad():
+        _, o32, lse, prep, seg, bounds = fused_mod.fpa_forward_op(*args)
+    # the backward has no backward of its own: its inputs want no gradient
+    q, k, v, beta = (t.detach() for t in (q, k, v, beta))
+    torch.library.opcheck(fused_mod.fpa_backward_op, (do.to(DEV, torch.float32), q, k, v, beta, o32, lse, prep, seg,
+                                                      bounds, 0.25, None, kw["reduction"], kw["level"]))

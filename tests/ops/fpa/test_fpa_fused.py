@@ -692,16 +692,19 @@ def test_compiled_call_is_one_graph_with_the_eager_numbers(variant):
 @pytest.mark.parametrize("variant", ["min", "dipsum+docs"])
 def test_custom_ops_fake_and_autograd_registrations(variant):
     """torch.library.opcheck: the schemas, the fake implementations against the real outputs' shapes, strides and
-    dtypes, and the autograd registration, for the forward op and the backward op it calls."""
+    dtypes, and the autograd registration, for the forward op and the backward op it calls (AOTAutograd's tracing is
+    the compiled-call test's: opcheck's own, with dynamic shapes, took most of this test's time in the interpreter)."""
+    checks = ("test_schema", "test_autograd_registration", "test_faketensor")
     inputs, do = make_inputs(1, 21, 2, 16, seed=12)
     q, k, v, phi, psi, beta = (t.to(DEV, torch.float32).requires_grad_() for t in inputs)
     kw = {"skip_threshold": None, "reduction": "min", "level": "key", "segment_ids": None,
           **variant_kwargs(variant, 1, 21)}
     args = (q, k, v, phi, psi, beta, 0.25, kw["skip_threshold"], kw["reduction"], kw["level"], kw["segment_ids"], True)
-    torch.library.opcheck(fused_mod.fpa_forward_op, args)
+    torch.library.opcheck(fused_mod.fpa_forward_op, args, test_utils=checks)
     with torch.no_grad():
         _, o32, lse, prep, seg, bounds = fused_mod.fpa_forward_op(*args)
     # the backward has no backward of its own: its inputs want no gradient
     q, k, v, beta = (t.detach() for t in (q, k, v, beta))
     torch.library.opcheck(fused_mod.fpa_backward_op, (do.to(DEV, torch.float32), q, k, v, beta, o32, lse, prep, seg,
-                                                      bounds, 0.25, None, kw["reduction"], kw["level"]))
+                                                      bounds, 0.25, None, kw["reduction"], kw["level"]),
+                          test_utils=checks)

@@ -80,7 +80,8 @@ class StepTimer(L.Callback):
             self.kernel_ms[group] = self.kernel_ms.get(group, 0.0) + ms
             members.setdefault(group, []).append((event.key[:90], round(ms, 2)))
         # printed beside the groups, so that a kernel the name rules put in the wrong group shows
-        self.top_kernels = {g: sorted(k, key=lambda item: -item[1])[:self.profile_top] for g, k in sorted(members.items())}
+        self.top_kernels = {g: sorted(k, key=lambda item: -item[1])[:self.profile_top]
+                            for g, k in sorted(members.items())}
 
 
 def kernel_group(name: str) -> str:

@@ -422,11 +422,11 @@ def _fpa_forward_shapes(q, k, v, phi, psi, beta, scale, skip_threshold, reductio
     nB = cdiv(T, _block_size())
     Tp, BH = nB * _block_size(), B * H
     f32 = {"dtype": torch.float32, "device": q.device}
-    seg, bounds = (((B, Tp), (2, B, nB)) if segment_ids is not None else ((0,), (0,)))
-    return (q.new_empty((B, T, H, D)), torch.empty((BH, Tp, D) if store32 else (0,), **f32), torch.empty((BH, Tp), **f32),
-            torch.empty((_prep_numel(BH, Tp, nB),), **f32),
-            *(torch.empty(shape, dtype=torch.int32 if segment_ids is not None else q.dtype, device=q.device)
-              for shape in (seg, bounds)))
+    tables = {"dtype": torch.int32 if segment_ids is not None else q.dtype, "device": q.device}
+    seg, bounds = ((B, Tp), (2, B, nB)) if segment_ids is not None else ((0,), (0,))
+    o32 = torch.empty((BH, Tp, D) if store32 else (0,), **f32)
+    lse, prep = torch.empty((BH, Tp), **f32), torch.empty((_prep_numel(BH, Tp, nB),), **f32)
+    return q.new_empty((B, T, H, D)), o32, lse, prep, torch.empty(seg, **tables), torch.empty(bounds, **tables)
 
 
 @torch.library.custom_op(

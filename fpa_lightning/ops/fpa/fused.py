@@ -341,13 +341,26 @@ def _backward(do, q, k, v, beta, o32, lse, prep, seg, bounds, scale, skip_thresh
     return dq, dk, dv, dphi_out, dpsi_out, dbeta_out.to(beta.dtype)
 
 
+def _save_for_backward(ctx, inputs, kept) -> None:
+    """On ctx, what `_backward` reads after ``do``: q, k, v and beta of `_forward`'s `inputs`, the tensors it `kept`,
+    and the variant (ctx.cfg)."""
+    q, k, v, _, _, beta, scale, skip_threshold, reduction, level = inputs[:10]
+    ctx.save_for_backward(q, k, v, beta, *kept)
+    ctx.cfg = (scale, skip_threshold, reduction, level)
+
+
+def _setup_from_outputs(ctx, inputs, output) -> None:
+    """The setup_context of the forms whose forward returns (o, *kept): `_FPAVmappable` and the custom op."""
+    ctx.mark_non_differentiable(*output[1:])
+    _save_for_backward(ctx, inputs, output[1:])
+
+
 class _FPAFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, phi, psi, beta, scale, skip_threshold, reduction, level, segment_ids):
         store32 = any(ctx.needs_input_grad[:6])
         o, kept = _forward(q, k, v, phi, psi, beta, scale, skip_threshold, reduction, level, segment_ids, store32)
-        ctx.save_for_backward(q, k, v, beta, *kept)
-        ctx.cfg = (scale, skip_threshold, reduction, level)
+        _save_for_backward(ctx, (q, k, v, phi, psi, beta, scale, skip_threshold, reduction, level), kept)
         return o
 
     @staticmethod
@@ -367,12 +380,7 @@ class _FPAVmappable(torch.autograd.Function):
         o, kept = _forward(q, k, v, phi, psi, beta, scale, skip_threshold, reduction, level, segment_ids, store32)
         return (o, *kept)
 
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        q, k, v, _, _, beta, scale, skip_threshold, reduction, level, _, _ = inputs
-        ctx.mark_non_differentiable(*output[1:])
-        ctx.save_for_backward(q, k, v, beta, *output[1:])
-        ctx.cfg = (scale, skip_threshold, reduction, level)
+    setup_context = staticmethod(_setup_from_outputs)
 
     @staticmethod
     def backward(ctx, do, *_buffers):  # _buffers: (zero) gradients of the non-differentiable outputs
@@ -448,18 +456,11 @@ def _fpa_backward_shapes(do, q, k, v, beta, o32, lse, prep, seg, bounds, scale, 
             torch.empty_strided(**field), beta.new_empty(beta.shape))
 
 
-def _fpa_op_setup(ctx, inputs, output):
-    q, k, v, _, _, beta, scale, skip_threshold, reduction, level, _, _ = inputs
-    ctx.mark_non_differentiable(*output[1:])
-    ctx.save_for_backward(q, k, v, beta, *output[1:])
-    ctx.cfg = (scale, skip_threshold, reduction, level)
-
-
 def _fpa_op_backward(ctx, do, *_buffers):  # _buffers: gradients of the non-differentiable outputs
     return (*fpa_backward_op(do, *ctx.saved_tensors, *ctx.cfg), None, None, None, None, None, None)
 
 
-fpa_forward_op.register_autograd(_fpa_op_backward, setup_context=_fpa_op_setup)
+fpa_forward_op.register_autograd(_fpa_op_backward, setup_context=_setup_from_outputs)
 
 
 def _check(q, k, v, phi, psi, beta, scale, skip_threshold, reduction, level, segment_ids):

@@ -1,6 +1,7 @@
 """Offline compile statistics of the fused FPA kernels: registers, spills and SASS loop counts, no GPU needed.
 
-    python benchmarks/kernel_offline.py [--variants dense,skip,query,dipsum,segments] [--D 64] [--sass DIR] [--mix]
+    python benchmarks/kernel_offline.py [--variants dense,skip,query,dipsum,segments] [--D 64] [--dtype bf16]
+        [--sass DIR] [--mix]
 
 Each kernel is compiled for sm_90a (H100/H200) with the launch configuration and constexprs that `fused.py`
 would use for 1×16384, H = 12, and reported as: registers per thread, spill stores/loads (bytes, from `ptxas -v`),
@@ -25,6 +26,7 @@ from pathlib import Path
 if __name__ == "__main__":  # compiled, never interpreted; imported by a test, it leaves the environment alone
     os.environ.pop("TRITON_INTERPRET", None)
 
+import torch  # noqa: E402
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
@@ -56,10 +58,11 @@ def int_value(name: str, T: int, H: int, D: int, BS: int) -> int:
     return stride if stride is not None else {"T": T, "H": H, "Tp": T, "nB": T // BS}[name]
 
 
-def signature(fn, constexprs: dict, T: int, H: int, D: int, BS: int) -> tuple[dict, dict]:
+def signature(fn, constexprs: dict, T: int, H: int, D: int, BS: int, qkv: str = "bf16") -> tuple[dict, dict]:
     """Triton types from the naming convention of kernels.py, and the divisibility attributes that a launch at
-    (1, T, H, D) would give: upper-case names are pointers (q, k, v, o and their gradients bf16, segment tables
-    int32, the rest fp32); lower-case names (and T, H, Tp, nB) are int32 scalars, except the scale and threshold."""
+    (1, T, H, D) would give: upper-case names are pointers (q, k, v, o and their gradients of type `qkv`, segment
+    tables int32, the rest fp32); lower-case names (and T, H, Tp, nB) are int32 scalars, except the scale and
+    threshold."""
     sig, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in constexprs:
@@ -71,13 +74,13 @@ def signature(fn, constexprs: dict, T: int, H: int, D: int, BS: int) -> tuple[di
             if int_value(name, T, H, D, BS) % 16 == 0:
                 attrs[(i,)] = [["tt.divisibility", 16]]
         else:
-            sig[name] = "*bf16" if name in QKV_POINTERS else ("*i32" if name in INT_POINTERS else "*fp32")
+            sig[name] = f"*{qkv}" if name in QKV_POINTERS else ("*i32" if name in INT_POINTERS else "*fp32")
             attrs[(i,)] = [["tt.divisibility", 16]]
     return sig, attrs
 
 
-def compile_kernel(fn, constexprs: dict, launch: dict, D: int, T: int = 16384, H: int = 12):
-    sig, attrs = signature(fn, constexprs, T, H, D, constexprs["BS"])
+def compile_kernel(fn, constexprs: dict, launch: dict, D: int, T: int = 16384, H: int = 12, qkv: str = "bf16"):
+    sig, attrs = signature(fn, constexprs, T, H, D, constexprs["BS"], qkv)
     src = ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
     opts = {"num_warps": launch.get("num_warps", 4), "num_stages": launch.get("num_stages", 2), **TRITON_OPTIONS}
     if "maxnreg" in launch:
@@ -166,32 +169,37 @@ def instruction_mix(body: list[str]) -> dict[str, int]:
     return mix
 
 
-def variant_kernels(variant: str, D: int):
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+"""--dtype: q, k, v's type, which sets the products' precision (fused._constexprs' PREC) and the pointers' type."""
+
+
+def variant_kernels(variant: str, D: int, dtype: str = "bf16"):
     """[(name, kernel, constexprs, launch)] of one fused.py variant at 1×16384 (BS = 64 on the GPU)."""
     opts = {"dense": {}, "skip": {"skip": True}, "query": {"level": "query"}, "dipsum": {"reduction": "dipsum"},
             "segments": {"segments": True}}[variant]
-    return fused.kernel_plan(D=D, **opts)
+    return fused.kernel_plan(D=D, dtype=DTYPES[dtype], **opts)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--variants", default="dense,skip")
     ap.add_argument("--D", type=int, default=64)
+    ap.add_argument("--dtype", default="bf16", choices=DTYPES, help="q, k, v's type (fp32: the IEEE products)")
     ap.add_argument("--kernels", default="", help="comma-separated kernel names to keep (default: all)")
     ap.add_argument("--sass", default=None, help="write each kernel's SASS into this folder")
     ap.add_argument("--mix", action="store_true", help="then a second table: the instruction mix of each kernel's "
                     "loops (per warp per iteration)")
     args = ap.parse_args()
     mixes = []
-    print(f"triton {triton.__version__}, sm_90a, D = {args.D}; loops: instructions / MUFU / BAR / LDL+STL / HGMMA "
+    print(f"triton {triton.__version__}, sm_90a, D = {args.D}, {args.dtype}; loops: instructions / MUFU / BAR / LDL+STL / HGMMA "
           "per warp per iteration")
     print("| variant | kernel | launch | regs | spill st/ld B | loops (largest first) |")
     print("|---|---|---|---|---|---|")
     for variant in args.variants.split(","):
-        for name, fn, constexprs, launch in variant_kernels(variant, args.D):
+        for name, fn, constexprs, launch in variant_kernels(variant, args.D, args.dtype):
             if args.kernels and name not in args.kernels.split(","):
                 continue
-            compiled = compile_kernel(fn, constexprs, launch, args.D)
+            compiled = compile_kernel(fn, constexprs, launch, args.D, qkv=args.dtype)
             regs, st, ld = ptxas_usage(compiled.asm["ptx"])
             sass = sass_text(compiled.asm["cubin"])
             if args.sass:

@@ -108,4 +108,37 @@ def test_every_element_written_and_rerun_deterministic(op, monkeypatch):
     check_written_and_deterministic(monkeypatch, op, inputs, do, torch.float32, DEV, segment_ids=seg)
 
 
+@pytest.mark.parametrize("docs", [False, True], ids=["dense", "docs"])
+def test_compiled_call_is_one_graph_with_the_eager_numbers(op, docs):
+    """The op under torch.compile (fullgraph: a graph break fails; AOTAutograd traces forward and backward through
+    the custom ops' fake implementations) gives the eager call's output and every gradient bit for bit: the same
+    kernels run."""
+    torch._dynamo.reset()
+    inputs, do = op.make_inputs(1, 29, 2, 16, seed=17)  # two tiles of 16, the second partial
+    seg = documents(1, 29, seed=17) if docs else None
+    eager = run(op.fused, inputs, do, torch.float32, DEV, fp32_args=op.fp32_args, segment_ids=seg)
+    compiled = run(torch.compile(op.fused, backend="aot_eager", fullgraph=True), inputs, do, torch.float32, DEV,
+                   fp32_args=op.fp32_args, segment_ids=seg)
+    for name, want, got in zip(op.names, eager, compiled):
+        assert torch.equal(got, want), name
+
+
+@pytest.mark.parametrize("docs", [False, True], ids=["dense", "docs"])
+def test_custom_ops_fake_and_autograd_registrations(op, docs):
+    """torch.library.opcheck of the forward op (inputs, scale, segment_ids) and of the backward op (dO, the inputs,
+    the forward op's outputs, scale): schemas, fake implementations against the real outputs' shapes, strides and
+    dtypes, and the autograd registration (AOTAutograd's tracing is the compiled-call test's)."""
+    checks = ("test_schema", "test_autograd_registration", "test_faketensor")
+    forward_op, backward_op = op.custom_ops
+    inputs, do = op.make_inputs(1, 21, 2, 16, seed=12)
+    args = [t.to(DEV, torch.float32).requires_grad_() for t in inputs]
+    seg = documents(1, 21, seed=12) if docs else None
+    torch.library.opcheck(forward_op, (*args, 0.25, seg), test_utils=checks)
+    with torch.no_grad():
+        outputs = forward_op(*args, 0.25, seg)
+    # the backward has no backward of its own: its inputs want no gradient
+    torch.library.opcheck(backward_op, (do.to(DEV, torch.float32), *(a.detach() for a in args), *outputs, 0.25),
+                          test_utils=checks)
+
+
 __all__ = [name for name in dir() if name.startswith("test_")]

@@ -27,7 +27,8 @@ class FusedOp:
     """A fused kernel under test: ``fused(*inputs, scale=, segment_ids=)`` and its definition ``naive``, its fused.py
     (``module``: the test hooks _tiles and _head_groups that tests patch), its inputs
     (``make_inputs(B, T, H, D, *, seed)`` -> float64 inputs on the CPU and dO), the names of the output and of every
-    input's gradient, and which inputs stay fp32 in a low-precision run (float64 in a float64 one)."""
+    input's gradient, which inputs stay fp32 in a low-precision run (float64 in a float64 one), and the custom ops
+    that run it under torch.compile (forward, backward), where the shared tests check them."""
 
     fused: Callable
     naive: Callable
@@ -35,6 +36,7 @@ class FusedOp:
     make_inputs: Callable
     names: tuple[str, ...]
     fp32_args: tuple[int, ...] = ()
+    custom_ops: tuple = ()
 
 
 def documents(B, T, *, seed=0, mean_length=9, device=DEV):

@@ -103,86 +103,156 @@ def _consts(cx):
     return {k: cx[k] for k in ("D", "R", "PREC", "BPREC", "DOT", "SEG")}
 
 
+def _config(q: torch.Tensor, qi: torch.Tensor, documents: bool):
+    """The launch set-up the forward and the backward share: (tiles, Tp, cx)."""
+    tiles = _tiles()
+    _sel.check_tile_sizes(tiles, OP)
+    Tp = _sel.padded_length(q.shape[1], tiles)
+    prec = "ieee" if q.dtype == torch.float32 else "tf32"
+    bias_prec = "ieee" if q.dtype == torch.float32 else "tf32x2"  # the bias path's sums near fp32 (see above)
+    cx = {"D": q.shape[-1], "R": qi.shape[-1], "PREC": prec, "BPREC": os.environ.get("DCP_BIAS_PREC") or bias_prec,
+          "DOT": _prefix_by_dot(q.dtype), "SEG": documents, "rs": 1.0 / math.sqrt(qi.shape[-1])}
+    return tiles, Tp, cx
+
+
+def _forward(q, k, v, qi, ki, offset, scale, segment_ids):
+    """The forward's launches: (o, o32, lse, ids), the output (B, T, H, D), the fp32 output (B, Tp, H, D) for
+    bf16/fp16 q (an empty tensor for fp32 q, whose own output serves), the row log-sum-exp (B*H, Tp) and the
+    documents' ids of Selective's `_document_ids` (an empty tensor without documents), which the backward reads."""
+    B, T, H, D = q.shape
+    seg = segment_ids is not None
+    tiles, Tp, cx = _config(q, qi, seg)
+    BM, BN = tiles["fwd"]
+    dev = q.device
+    off = offset.detach().reshape(1).to(torch.float32)
+    ids = _sel._document_ids(segment_ids, Tp)[0] if seg else q.new_empty(0, dtype=torch.int32)
+    jlo = _sel._tile_bounds(ids, T, BM, BN)[0] if seg else None
+    o = empty_output((B, T, H, D), dtype=q.dtype, device=dev)
+    store32 = q.dtype != torch.float32
+    lse = empty_output((B * H, Tp), dtype=torch.float32, device=dev)
+    o32 = empty_output((B, Tp, H, D) if store32 else (0,), dtype=torch.float32, device=dev)
+    cf = _carry_table(qi, ki, off, T, Tp, BM, BN, BM, cx)  # freed after the forward
+    dummy = lse  # stands for the tables a variant without documents never reads
+    load_kernels()._dcp_fwd_kernel[(cdiv(T, BM), B * H)](
+        q, k, v, qi, ki, off, o, o32 if store32 else dummy, lse, cf, ids if seg else dummy, jlo if seg else dummy,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
+        qi.stride(0), qi.stride(1), ki.stride(0), ki.stride(1),
+        T, H, Tp, Tp // BM, cdiv(T, BN), scale, cx["rs"],
+        BM=BM, BN=BN, STORE32=store32, **_consts(cx), **_launch_cfg("fwd", D), **TRITON_OPTIONS,
+    )
+    return o, o32, lse, ids
+
+
+def _backward(do, q, k, v, qi, ki, offset, o, o32, lse, ids, scale):
+    """The backward's launches from what `_forward` returned: (dq, dk, dv, dqi, dki, doffset)."""
+    B, T, H, D = q.shape
+    R = qi.shape[-1]
+    dev = q.device
+    seg = ids.numel() > 0
+    tiles, Tp, cx = _config(q, qi, seg)
+    BT, BN, BM = tiles["bwd"]
+    off = offset.detach().reshape(1).to(torch.float32)
+    dummy = lse
+    ids = ids if seg else dummy
+    jlo_later, ihi = _sel.backward_tile_bounds(ids, T, BT, BN, BM) if seg else (dummy, dummy)
+    if do.stride(-1) != 1:
+        do = do.contiguous()
+    nT, nJ = Tp // BT, cdiv(T, BN)
+    G = _head_groups(B, H, nJ, dev)
+    delta = _sel.output_grad_rowsum(do, o32[:, :T] if o32.numel() else o, Tp)  # from the fp32 output (see above)
+    dq, dk, dv = (empty_output(t.shape, dtype=t.dtype, device=dev) for t in (q, k, v))
+    cf = _carry_table(qi, ki, off, T, Tp, BT, BN, BM, cx)
+    rcp = empty_output((B, G, nT, Tp), dtype=torch.float32, device=dev)
+    dkip = empty_output((B, G, Tp, R), dtype=torch.float32, device=dev)
+    dqip = empty_output((B, G, Tp, R), dtype=torch.float32, device=dev)
+    offp = empty_output((B, G, nJ), dtype=torch.float32, device=dev)
+    strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+               v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
+               qi.stride(0), qi.stride(1), ki.stride(0), ki.stride(1))
+    load_kernels()._dcp_bwd_kv_kernel[(nJ, B * G)](
+        q, k, v, qi, ki, off, do, dk, dv, lse, delta, cf, rcp, dkip, offp, ids, ihi,
+        *strides, dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
+        T, H, Tp, nT, H // G, scale, cx["rs"], BT=BT, BN=BN, **_consts(cx), **_launch_cfg("bwd_kv", D),
+        **TRITON_OPTIONS,
+    )
+    rc = rcp[:, 0] if G == 1 else rcp.sum(dim=1)  # never-written entries are never read
+    load_kernels()._dcp_bwd_q_kernel[(cdiv(T, BM), B * G)](
+        q, k, v, qi, ki, off, do, dq, lse, delta, cf, rc, dqip, ids, jlo_later, ihi,
+        *strides, dq.stride(0), dq.stride(1), dq.stride(2),
+        T, H, Tp, nT, nJ, H // G, scale, cx["rs"], BM=BM, BN=BN, RATIO=BM // BT, **_consts(cx),
+        **_launch_cfg("bwd_q", D), **TRITON_OPTIONS,
+    )
+    dqi = dqip.sum(dim=1)[:, :T].to(qi.dtype)
+    dki = dkip.sum(dim=1)[:, :T].to(ki.dtype)
+    doff = offp.sum().reshape(offset.shape).to(offset.dtype)  # a fixed-order sum of per-program fp32 partials
+    return dq, dk, dv, dqi, dki, doff
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    """What `_backward` reads after ``do``, saved by the autograd function and the custom op alike."""
+    q, k, v, qi, ki, offset, scale, _ = inputs
+    ctx.save_for_backward(q, k, v, qi, ki, offset.detach(), *output)
+    ctx.scale = scale
+
+
 class _DcpFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, qi, ki, offset, scale, segment_ids):
-        B, T, H, D = q.shape
-        tiles = _tiles()
-        _sel.check_tile_sizes(tiles, OP)
-        BM, BN = tiles["fwd"]
-        Tp = _sel.padded_length(T, tiles)
-        dev = q.device
-        seg = segment_ids is not None
-        prec = "ieee" if q.dtype == torch.float32 else "tf32"
-        bias_prec = "ieee" if q.dtype == torch.float32 else "tf32x2"  # the bias path's sums near fp32 (see above)
-        cx = {"D": D, "R": qi.shape[-1], "PREC": prec, "BPREC": os.environ.get("DCP_BIAS_PREC") or bias_prec,
-              "DOT": _prefix_by_dot(q.dtype), "SEG": seg, "rs": 1.0 / math.sqrt(qi.shape[-1])}
-        off = offset.detach().reshape(1).to(torch.float32)
-        ids = _sel._document_ids(segment_ids, Tp)[0] if seg else None
-        jlo = _sel._tile_bounds(ids, T, BM, BN)[0] if seg else None
-        o = empty_output((B, T, H, D), dtype=q.dtype, device=dev)
-        store32 = q.dtype != torch.float32
-        lse = empty_output((B * H, Tp), dtype=torch.float32, device=dev)
-        o32 = empty_output((B, Tp, H, D), dtype=torch.float32, device=dev) if store32 else lse
-        cf = _carry_table(qi, ki, off, T, Tp, BM, BN, BM, cx)  # freed after the forward
-        dummy = lse  # stands for the tables a variant without documents never reads
-        load_kernels()._dcp_fwd_kernel[(cdiv(T, BM), B * H)](
-            q, k, v, qi, ki, off, o, o32, lse, cf, ids if seg else dummy, jlo if seg else dummy,
-            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-            v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
-            qi.stride(0), qi.stride(1), ki.stride(0), ki.stride(1),
-            T, H, Tp, Tp // BM, cdiv(T, BN), scale, cx["rs"],
-            BM=BM, BN=BN, STORE32=store32, **_consts(cx), **_launch_cfg("fwd", D), **TRITON_OPTIONS,
-        )
-        ctx.save_for_backward(q, k, v, qi, ki, off, o32[:, :T] if store32 else o, lse)
-        ctx.ids = ids
-        ctx.offset_like = (offset.shape, offset.dtype)
-        ctx.cfg = (scale, cx, tiles["bwd"], Tp)
-        return o
+        output = _forward(q, k, v, qi, ki, offset, scale, segment_ids)
+        _setup_context(ctx, (q, k, v, qi, ki, offset, scale, segment_ids), output)
+        return output[0]
 
     @staticmethod
     def backward(ctx, do):
-        q, k, v, qi, ki, off, o32, lse = ctx.saved_tensors
-        scale, cx, (BT, BN, BM), Tp = ctx.cfg
-        B, T, H, D = q.shape
-        R = qi.shape[-1]
-        dev = q.device
-        seg = ctx.ids is not None
-        dummy = lse
-        ids = ctx.ids if seg else dummy
-        jlo_later, ihi = _sel.backward_tile_bounds(ids, T, BT, BN, BM) if seg else (dummy, dummy)
-        if do.stride(-1) != 1:
-            do = do.contiguous()
-        nT, nJ = Tp // BT, cdiv(T, BN)
-        G = _head_groups(B, H, nJ, dev)
-        delta = _sel.output_grad_rowsum(do, o32, Tp)  # from the fp32 output (see above)
-        dq, dk, dv = (empty_output(t.shape, dtype=t.dtype, device=dev) for t in (q, k, v))
-        cf = _carry_table(qi, ki, off, T, Tp, BT, BN, BM, cx)
-        rcp = empty_output((B, G, nT, Tp), dtype=torch.float32, device=dev)
-        dkip = empty_output((B, G, Tp, R), dtype=torch.float32, device=dev)
-        dqip = empty_output((B, G, Tp, R), dtype=torch.float32, device=dev)
-        offp = empty_output((B, G, nJ), dtype=torch.float32, device=dev)
-        strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-                   v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
-                   qi.stride(0), qi.stride(1), ki.stride(0), ki.stride(1))
-        load_kernels()._dcp_bwd_kv_kernel[(nJ, B * G)](
-            q, k, v, qi, ki, off, do, dk, dv, lse, delta, cf, rcp, dkip, offp, ids, ihi,
-            *strides, dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
-            T, H, Tp, nT, H // G, scale, cx["rs"], BT=BT, BN=BN, **_consts(cx), **_launch_cfg("bwd_kv", D),
-            **TRITON_OPTIONS,
-        )
-        rc = rcp[:, 0] if G == 1 else rcp.sum(dim=1)  # never-written entries are never read
-        load_kernels()._dcp_bwd_q_kernel[(cdiv(T, BM), B * G)](
-            q, k, v, qi, ki, off, do, dq, lse, delta, cf, rc, dqip, ids, jlo_later, ihi,
-            *strides, dq.stride(0), dq.stride(1), dq.stride(2),
-            T, H, Tp, nT, nJ, H // G, scale, cx["rs"], BM=BM, BN=BN, RATIO=BM // BT, **_consts(cx),
-            **_launch_cfg("bwd_q", D), **TRITON_OPTIONS,
-        )
-        dqi = dqip.sum(dim=1)[:, :T].to(qi.dtype)
-        dki = dkip.sum(dim=1)[:, :T].to(ki.dtype)
-        shape, dtype = ctx.offset_like
-        doff = offp.sum().reshape(shape).to(dtype)  # a fixed-order sum of per-program fp32 partials
-        return dq, dk, dv, dqi, dki, doff, None, None
+        return (*_backward(do, *ctx.saved_tensors, ctx.scale), None, None)
+
+
+# Under torch.compile the op is two torch.library custom ops, forward and backward, as FPA's and Selective's are
+# (docs/training.md, "torch.compile"): a compiled block holds the attention instead of breaking its graph around it.
+@torch.library.custom_op(
+    "fpa_lightning::dcp_forward", mutates_args=(),
+    schema="(Tensor q, Tensor k, Tensor v, Tensor qi, Tensor ki, Tensor offset, float scale, Tensor? segment_ids) "
+           "-> (Tensor, Tensor, Tensor, Tensor)")
+def dcp_forward_op(q, k, v, qi, ki, offset, scale, segment_ids):
+    """`_forward` as one op: (o, o32, lse, ids)."""
+    return _forward(q, k, v, qi, ki, offset, scale, segment_ids)
+
+
+@dcp_forward_op.register_fake
+def _dcp_forward_shapes(q, k, v, qi, ki, offset, scale, segment_ids):
+    B, T, H, D = q.shape
+    Tp = _sel.padded_length(T, _tiles())
+    f32 = {"dtype": torch.float32}
+    return (q.new_empty((B, T, H, D)), q.new_empty((B, Tp, H, D) if q.dtype != torch.float32 else (0,), **f32),
+            q.new_empty((B * H, Tp), **f32), q.new_empty((B, Tp) if segment_ids is not None else (0,),
+                                                         dtype=torch.int32))
+
+
+@torch.library.custom_op(
+    "fpa_lightning::dcp_backward", mutates_args=(),
+    schema="(Tensor do, Tensor q, Tensor k, Tensor v, Tensor qi, Tensor ki, Tensor offset, Tensor o, Tensor o32, "
+           "Tensor lse, Tensor ids, float scale) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
+def dcp_backward_op(do, q, k, v, qi, ki, offset, o, o32, lse, ids, scale):
+    """`_backward` as one op: (dq, dk, dv, dqi, dki, doffset)."""
+    return _backward(do, q, k, v, qi, ki, offset, o, o32, lse, ids, scale)
+
+
+@dcp_backward_op.register_fake
+def _dcp_backward_shapes(do, q, k, v, qi, ki, offset, o, o32, lse, ids, scale):
+    return tuple(t.new_empty(t.shape) for t in (q, k, v, qi, ki, offset))
+
+
+def _dcp_op_backward(ctx, do, *_buffers):  # _buffers: gradients of the non-differentiable outputs
+    return (*dcp_backward_op(do, *ctx.saved_tensors, ctx.scale), None, None)
+
+
+def _op_setup_context(ctx, inputs, output) -> None:
+    ctx.mark_non_differentiable(*output[1:])
+    _setup_context(ctx, inputs, output)
+
+
+dcp_forward_op.register_autograd(_dcp_op_backward, setup_context=_op_setup_context)
 
 
 def _check(q, k, v, qi, ki, offset, scale, segment_ids):
@@ -212,4 +282,6 @@ def dcp_attention_fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qi: t
     _check(q, k, v, qi, ki, offset, scale, segment_ids)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     q, k, v, qi, ki = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v, qi, ki))
+    if torch.compiler.is_compiling():
+        return dcp_forward_op(q, k, v, qi, ki, offset, scale, segment_ids)[0]
     return _DcpFunction.apply(q, k, v, qi, ki, offset, scale, segment_ids)

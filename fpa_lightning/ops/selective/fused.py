@@ -25,7 +25,8 @@ The carry has to be a table (or a sequential walk over query tiles): F sums a no
 pairs, so unlike FPA's path minimum it does not factor into per-query and per-key vectors. The kernels never hold
 more than one tile of S, F or their gradients.
 
-Layout follows ops/fpa: input checks here, one autograd.Function, kernels in kernels.py.
+Layout follows ops/fpa: input checks here; the forward's and the backward's launches (`_forward`, `_backward`) run
+in one autograd.Function, or under torch.compile in two custom ops; kernels in kernels.py.
 """
 from __future__ import annotations
 
@@ -152,7 +153,7 @@ def _document_ids(segment_ids: torch.Tensor, Tp: int):
     """Document ids padded to (B, Tp) int32 (the padding repeats the last id, so tile minima and maxima stay those of
     real positions) and the selectable keys (B, Tp) int8: not a document's first token, nor padding."""
     B, T = segment_ids.shape
-    seg = segment_ids.to(torch.int32)
+    seg = segment_ids.to(torch.int32, copy=True)  # never the caller's tensor: the custom op's output may not alias it
     if Tp > T:
         seg = torch.cat([seg, seg[:, -1:].expand(B, Tp - T)], dim=1)
     keep = torch.zeros(B, Tp, dtype=torch.int8, device=segment_ids.device)
@@ -209,76 +210,146 @@ def _carry_table(q, k, keep, T, Tp, BT, BN, QM, scale, cx):
     return cf
 
 
+def _config(q: torch.Tensor, documents: bool):
+    """The launch set-up the forward and the backward share: (tiles, Tp, cx, dot)."""
+    tiles = _tiles()
+    check_tile_sizes(tiles, "selective_attention_fused")
+    Tp = padded_length(q.shape[1], tiles)
+    cx = {"D": q.shape[-1], "PREC": "ieee" if q.dtype == torch.float32 else "tf32", "SEG": documents}
+    return tiles, Tp, cx, _prefix_by_dot()
+
+
+def _forward(q, k, v, scale, segment_ids):
+    """The forward's launches: (o, lse, ids, keep), the output (B, T, H, D), the row log-sum-exp (B*H, Tp) and the
+    documents' tables of `_document_ids` (empty tensors without documents), which the backward reads."""
+    B, T, H, D = q.shape
+    seg = segment_ids is not None
+    tiles, Tp, cx, dot = _config(q, seg)
+    BM, BN = tiles["fwd"]
+    dev = q.device
+    ids, keep = _document_ids(segment_ids, Tp) if seg else (q.new_empty(0, dtype=torch.int32),
+                                                             q.new_empty(0, dtype=torch.int8))
+    jlo = _tile_bounds(ids, T, BM, BN)[0] if seg else None
+    o = empty_output((B, T, H, D), dtype=q.dtype, device=dev)
+    lse = empty_output((B * H, Tp), dtype=torch.float32, device=dev)
+    dummy = lse  # stands for the tables a variant without documents never reads
+    cf = _carry_table(q, k, keep if seg else dummy, T, Tp, BM, BN, BM, scale, cx)  # freed after the forward
+    load_kernels()._sel_fwd_kernel[(cdiv(T, BM), B * H)](
+        q, k, v, o, lse, cf, keep if seg else dummy, ids if seg else dummy, jlo if seg else dummy,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
+        T, H, Tp, Tp // BM, cdiv(T, BN), scale,
+        BM=BM, BN=BN, RATIO=1, DOT=dot, **cx, **launch_cfg("fwd", cx["D"], "SEL"), **TRITON_OPTIONS,
+    )
+    return o, lse, ids, keep
+
+
+def _backward(do, q, k, v, o, lse, ids, keep, scale):
+    """The backward's launches from what `_forward` returned: (dq, dk, dv)."""
+    B, T, H, D = q.shape
+    seg = ids.numel() > 0
+    tiles, Tp, cx, dot = _config(q, seg)
+    BT, BN, BM = tiles["bwd"]
+    dev = q.device
+    dummy = lse  # stands for the tables a variant without documents never reads
+    ids, keep = (ids, keep) if seg else (dummy, dummy)
+    jlo_later, ihi = backward_tile_bounds(ids, T, BT, BN, BM) if seg else (dummy, dummy)
+    if do.stride(-1) != 1:
+        do = do.contiguous()
+    nT, nJ = Tp // BT, cdiv(T, BN)
+    G = _head_groups(B, H, nJ, dev)
+    delta = output_grad_rowsum(do, o, Tp)
+    dq, dk, dv = (empty_output(t.shape, dtype=t.dtype, device=dev) for t in (q, k, v))
+    cf = _carry_table(q, k, keep, T, Tp, BT, BN, BM, scale, cx)
+    # per group; rows from each key's tile written
+    rcp = empty_output((B, G, nT, Tp), dtype=torch.float32, device=dev)
+    dk0p = empty_output((B, G, Tp, D), dtype=torch.float32, device=dev)
+    dq0p = empty_output((B, G, Tp, D), dtype=torch.float32, device=dev)
+    strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+               v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))
+    load_kernels()._sel_bwd_kv_kernel[(nJ, B * G)](
+        q, k, v, do, dk, dv, lse, delta, cf, rcp, dk0p, keep, ids, ihi,
+        *strides, dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
+        T, H, Tp, nT, H // G, scale, BT=BT, BN=BN, DOT=dot, **cx, **launch_cfg("bwd_kv", cx["D"], "SEL"),
+        **TRITON_OPTIONS,
+    )
+    rc = rcp[:, 0] if G == 1 else rcp.sum(dim=1)  # never-written entries are never read
+    load_kernels()._sel_bwd_q_kernel[(cdiv(T, BM), B * G)](
+        q, k, v, do, dq, lse, delta, cf, rc, dq0p, keep, ids, jlo_later, ihi,
+        *strides, dq.stride(0), dq.stride(1), dq.stride(2),
+        T, H, Tp, nT, nJ, H // G, scale, BM=BM, BN=BN, RATIO=BM // BT, DOT=dot, **cx,
+        **launch_cfg("bwd_q", cx["D"], "SEL"), **TRITON_OPTIONS,
+    )
+    # head 0: its own gradient plus every head's gradient through F, summed over the groups
+    dq[:, :, 0] = dq0p.sum(dim=1)[:, :T]
+    dk[:, :, 0] = dk0p.sum(dim=1)[:, :T]
+    return dq, dk, dv
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    """What `_backward` reads after ``do``, saved by the autograd function and the custom op alike."""
+    q, k, v, scale, _ = inputs
+    o, lse, ids, keep = output
+    ctx.save_for_backward(q, k, v, o, lse, ids, keep)
+    ctx.scale = scale
+
+
 class _SelectiveFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, scale, segment_ids):
-        B, T, H, D = q.shape
-        tiles = _tiles()
-        check_tile_sizes(tiles, "selective_attention_fused")
-        BM, BN = tiles["fwd"]
-        Tp = padded_length(T, tiles)
-        dev = q.device
-        seg = segment_ids is not None
-        cx = {"D": D, "PREC": "ieee" if q.dtype == torch.float32 else "tf32", "SEG": seg}
-        dot = _prefix_by_dot()
-        ids, keep = _document_ids(segment_ids, Tp) if seg else (None, None)
-        jlo = _tile_bounds(ids, T, BM, BN)[0] if seg else None
-        o = empty_output((B, T, H, D), dtype=q.dtype, device=dev)
-        lse = empty_output((B * H, Tp), dtype=torch.float32, device=dev)
-        dummy = lse  # stands for the tables a variant without documents never reads
-        cf = _carry_table(q, k, keep if seg else dummy, T, Tp, BM, BN, BM, scale, cx)  # freed after the forward
-        load_kernels()._sel_fwd_kernel[(cdiv(T, BM), B * H)](
-            q, k, v, o, lse, cf, keep if seg else dummy, ids if seg else dummy, jlo if seg else dummy,
-            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-            v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
-            T, H, Tp, Tp // BM, cdiv(T, BN), scale,
-            BM=BM, BN=BN, RATIO=1, DOT=dot, **cx, **launch_cfg("fwd", cx["D"], "SEL"), **TRITON_OPTIONS,
-        )
-        ctx.save_for_backward(q, k, v, o, lse)
-        ctx.documents = (ids, keep) if seg else None
-        ctx.cfg = (scale, cx, dot, tiles["bwd"], Tp)
-        return o
+        output = _forward(q, k, v, scale, segment_ids)
+        _setup_context(ctx, (q, k, v, scale, segment_ids), output)
+        return output[0]
 
     @staticmethod
     def backward(ctx, do):
-        q, k, v, o, lse = ctx.saved_tensors
-        scale, cx, dot, (BT, BN, BM), Tp = ctx.cfg
-        B, T, H, D = q.shape
-        dev = q.device
-        seg = ctx.documents is not None
-        dummy = lse
-        ids, keep = ctx.documents if seg else (dummy, dummy)
-        jlo_later, ihi = backward_tile_bounds(ids, T, BT, BN, BM) if seg else (dummy, dummy)
-        if do.stride(-1) != 1:
-            do = do.contiguous()
-        nT, nJ = Tp // BT, cdiv(T, BN)
-        G = _head_groups(B, H, nJ, dev)
-        delta = output_grad_rowsum(do, o, Tp)
-        dq, dk, dv = (empty_output(t.shape, dtype=t.dtype, device=dev) for t in (q, k, v))
-        cf = _carry_table(q, k, keep, T, Tp, BT, BN, BM, scale, cx)
-        # per group; rows from each key's tile written
-        rcp = empty_output((B, G, nT, Tp), dtype=torch.float32, device=dev)
-        dk0p = empty_output((B, G, Tp, D), dtype=torch.float32, device=dev)
-        dq0p = empty_output((B, G, Tp, D), dtype=torch.float32, device=dev)
-        strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-                   v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))
-        load_kernels()._sel_bwd_kv_kernel[(nJ, B * G)](
-            q, k, v, do, dk, dv, lse, delta, cf, rcp, dk0p, keep, ids, ihi,
-            *strides, dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
-            T, H, Tp, nT, H // G, scale, BT=BT, BN=BN, DOT=dot, **cx, **launch_cfg("bwd_kv", cx["D"], "SEL"),
-            **TRITON_OPTIONS,
-        )
-        rc = rcp[:, 0] if G == 1 else rcp.sum(dim=1)  # never-written entries are never read
-        load_kernels()._sel_bwd_q_kernel[(cdiv(T, BM), B * G)](
-            q, k, v, do, dq, lse, delta, cf, rc, dq0p, keep, ids, jlo_later, ihi,
-            *strides, dq.stride(0), dq.stride(1), dq.stride(2),
-            T, H, Tp, nT, nJ, H // G, scale, BM=BM, BN=BN, RATIO=BM // BT, DOT=dot, **cx,
-            **launch_cfg("bwd_q", cx["D"], "SEL"), **TRITON_OPTIONS,
-        )
-        # head 0: its own gradient plus every head's gradient through F, summed over the groups
-        dq[:, :, 0] = dq0p.sum(dim=1)[:, :T]
-        dk[:, :, 0] = dk0p.sum(dim=1)[:, :T]
-        return dq, dk, dv, None, None
+        return (*_backward(do, *ctx.saved_tensors, ctx.scale), None, None)
+
+
+# Under torch.compile the op is two torch.library custom ops, forward and backward, which Dynamo traces as single
+# nodes, as FPA's are (docs/training.md, "torch.compile"): a compiled block holds the attention instead of breaking
+# its graph around it.
+@torch.library.custom_op(
+    "fpa_lightning::selective_forward", mutates_args=(),
+    schema="(Tensor q, Tensor k, Tensor v, float scale, Tensor? segment_ids) -> (Tensor, Tensor, Tensor, Tensor)")
+def selective_forward_op(q, k, v, scale, segment_ids):
+    """`_forward` as one op: (o, lse, ids, keep)."""
+    return _forward(q, k, v, scale, segment_ids)
+
+
+@selective_forward_op.register_fake
+def _selective_forward_shapes(q, k, v, scale, segment_ids):
+    B, T, H, D = q.shape
+    Tp = padded_length(T, _tiles())
+    tables = ((B, Tp), (B, Tp)) if segment_ids is not None else ((0,), (0,))
+    return (q.new_empty((B, T, H, D)), q.new_empty((B * H, Tp), dtype=torch.float32),
+            q.new_empty(tables[0], dtype=torch.int32), q.new_empty(tables[1], dtype=torch.int8))
+
+
+@torch.library.custom_op(
+    "fpa_lightning::selective_backward", mutates_args=(),
+    schema="(Tensor do, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor ids, Tensor keep, float scale) -> "
+           "(Tensor, Tensor, Tensor)")
+def selective_backward_op(do, q, k, v, o, lse, ids, keep, scale):
+    """`_backward` as one op: (dq, dk, dv)."""
+    return _backward(do, q, k, v, o, lse, ids, keep, scale)
+
+
+@selective_backward_op.register_fake
+def _selective_backward_shapes(do, q, k, v, o, lse, ids, keep, scale):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _selective_op_backward(ctx, do, *_buffers):  # _buffers: gradients of the non-differentiable outputs
+    return (*selective_backward_op(do, *ctx.saved_tensors, ctx.scale), None, None)
+
+
+def _op_setup_context(ctx, inputs, output) -> None:
+    ctx.mark_non_differentiable(*output[1:])
+    _setup_context(ctx, inputs, output)
+
+
+selective_forward_op.register_autograd(_selective_op_backward, setup_context=_op_setup_context)
 
 
 def _check(q, k, v, scale, segment_ids):
@@ -297,4 +368,6 @@ def selective_attention_fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     _check(q, k, v, scale, segment_ids)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    if torch.compiler.is_compiling():
+        return selective_forward_op(q, k, v, scale, segment_ids)[0]
     return _SelectiveFunction.apply(q, k, v, scale, segment_ids)

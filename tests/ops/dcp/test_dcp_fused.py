@@ -37,7 +37,8 @@ def make_inputs(B, T, H, D, r=16, *, seed=0, i_scale=0.5, offset=0.6):
 
 # the offset stays fp32 in low-precision runs (as the backend passes it); everything else is cast
 DCP = FusedOp(dcp_attention_fused, dcp_attention_naive, fused_mod, make_inputs,
-              names=("out", "dq", "dk", "dv", "dqi", "dki", "doffset"), fp32_args=(5,))
+              names=("out", "dq", "dk", "dv", "dqi", "dki", "doffset"), fp32_args=(5,),
+              custom_ops=(fused_mod.dcp_forward_op, fused_mod.dcp_backward_op))
 NAMES = DCP.names
 
 

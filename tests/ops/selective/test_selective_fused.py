@@ -28,7 +28,8 @@ def make_inputs(B, T, H, D, *, seed=0, q_scale=1.0):
 
 
 SELECTIVE = FusedOp(selective_attention_fused, selective_attention_naive, fused_mod, make_inputs,
-                    names=("out", "dq", "dk", "dv"))
+                    names=("out", "dq", "dk", "dv"),
+                    custom_ops=(fused_mod.selective_forward_op, fused_mod.selective_backward_op))
 NAMES = SELECTIVE.names
 
 

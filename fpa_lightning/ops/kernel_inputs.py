@@ -38,6 +38,12 @@ def empty_output(shape, *, dtype: torch.dtype, device) -> torch.Tensor:
     return torch.empty(shape, dtype=dtype, device=device)
 
 
+def unit_last_stride(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The tensors as the kernels read them: each as it is when its last dimension is contiguous (the kernels take
+    every other stride as an argument, so views of a packed projection need no copy), else a contiguous copy."""
+    return tuple(t if t.stride(-1) == 1 else t.contiguous() for t in tensors)
+
+
 def interpreting() -> bool:
     """Whether Triton runs in its CPU interpreter (TRITON_INTERPRET=1, set before the kernels are imported)."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"

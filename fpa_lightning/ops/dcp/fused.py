@@ -43,6 +43,7 @@ import torch
 
 from fpa_lightning.ops.kernel_inputs import HEAD_DIMS, TRITON_OPTIONS, cdiv, empty_output, require_triton
 from fpa_lightning.ops.kernel_inputs import QKV_DTYPES, check_device, check_qkv, check_scale, check_segment_ids
+from fpa_lightning.ops.kernel_inputs import unit_last_stride
 from fpa_lightning.ops.selective import fused as _sel
 
 INTERACTION_DIMS = (16, 32, 64, 128)
@@ -281,7 +282,7 @@ def dcp_attention_fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qi: t
     q's dtype. Same semantics as ``dcp_attention_naive`` (naive.py)."""
     _check(q, k, v, qi, ki, offset, scale, segment_ids)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    q, k, v, qi, ki = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v, qi, ki))
+    q, k, v, qi, ki = unit_last_stride(q, k, v, qi, ki)
     if torch.compiler.is_compiling():
         return dcp_forward_op(q, k, v, qi, ki, offset, scale, segment_ids)[0]
     return _DcpFunction.apply(q, k, v, qi, ki, offset, scale, segment_ids)

@@ -24,7 +24,7 @@ import functools
 import torch
 
 from fpa_lightning.ops.kernel_inputs import HEAD_DIMS, cdiv, empty_output, next_power_of_2, require_triton
-from fpa_lightning.ops.kernel_inputs import TRITON_OPTIONS
+from fpa_lightning.ops.kernel_inputs import TRITON_OPTIONS, unit_last_stride
 from fpa_lightning.ops.kernel_inputs import (check_cached_qkv, check_device, check_inference_only, check_scale,
                                             env_int)
 from fpa_lightning.ops.kernel_inputs import unsupported_reason as kernel_unsupported_reason
@@ -121,7 +121,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: to
     1, n, S) float32 or None; visible (B, H, n, S) bool -> (B, n, H, D) in v's dtype. Same semantics as
     ``cached_attention`` (naive.py), inference only; see the module docstring."""
     _check(q, k, v, bias, visible, scale)
-    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    q, k, v = unit_last_stride(q, k, v)
     B, n, H, D = q.shape
     S = k.shape[2]
     rows = B * H * n

@@ -23,7 +23,7 @@ import torch
 
 from fpa_lightning.ops.fpa.naive import check_skip_threshold, check_variant
 from fpa_lightning.ops.kernel_inputs import HEAD_DIMS, cdiv, empty_output, next_power_of_2, require_triton
-from fpa_lightning.ops.kernel_inputs import TRITON_OPTIONS
+from fpa_lightning.ops.kernel_inputs import TRITON_OPTIONS, unit_last_stride
 from fpa_lightning.ops.kernel_inputs import check_device, check_qkv, check_scale, check_segment_ids, env_int
 from fpa_lightning.ops.kernel_inputs import with_env_overrides
 from fpa_lightning.ops.kernel_inputs import interpreting as _interpreting
@@ -240,7 +240,7 @@ def _forward(q, k, v, phi, psi, beta, scale, skip_threshold, reduction, level, s
     """The forward's launches: o (B, T, H, D) and what the backward reads, (o32, lse, prep, seg, bounds): the fp32
     output (B*H, Tp, D) (an empty tensor unless store32), the row log-sum-exp (B*H, Tp), `_prep`'s buffer, and the
     document tables of `_segment_tables` (empty tensors without documents)."""
-    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    q, k, v = unit_last_stride(q, k, v)
     phi, psi = phi.contiguous(), psi.contiguous()  # one set of strides serves phi and psi in the kernels
     B, T, H, D = q.shape
     BS = _block_size()
@@ -272,7 +272,7 @@ def _forward(q, k, v, phi, psi, beta, scale, skip_threshold, reduction, level, s
 def _backward(do, q, k, v, beta, o32, lse, prep, seg, bounds, scale, skip_threshold, reduction, level):
     """The backward's launches from what `_forward` kept: (dq, dk, dv, dphi, dpsi, dbeta), dphi and dpsi (B, T, H) in
     (B, H, T) strides."""
-    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))  # as `_forward` read them
+    q, k, v = unit_last_stride(q, k, v)  # as `_forward` read them
     B, T, H, D = q.shape
     BS = _block_size()
     nB = cdiv(T, BS)

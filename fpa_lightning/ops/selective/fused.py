@@ -39,7 +39,7 @@ import torch
 from fpa_lightning.ops.common import document_first_tokens
 from fpa_lightning.ops.kernel_inputs import HEAD_DIMS, TRITON_OPTIONS, cdiv, empty_output, require_triton
 from fpa_lightning.ops.kernel_inputs import check_device, check_qkv, check_scale, check_segment_ids, env_int
-from fpa_lightning.ops.kernel_inputs import with_env_overrides
+from fpa_lightning.ops.kernel_inputs import unit_last_stride, with_env_overrides
 from fpa_lightning.ops.kernel_inputs import interpreting as _interpreting
 
 
@@ -367,7 +367,7 @@ def selective_attention_fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     a query attends only to keys with its own id, and every document's first token is never selected)."""
     _check(q, k, v, scale, segment_ids)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    q, k, v = unit_last_stride(q, k, v)
     if torch.compiler.is_compiling():
         return selective_forward_op(q, k, v, scale, segment_ids)[0]
     return _SelectiveFunction.apply(q, k, v, scale, segment_ids)

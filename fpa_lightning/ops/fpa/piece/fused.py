@@ -24,7 +24,7 @@ from fpa_lightning.ops.kernel_inputs import HEAD_DIMS, TRITON_OPTIONS, cdiv, emp
 from fpa_lightning.ops.kernel_inputs import (check_cached_qkv, check_device, check_inference_only, check_scale,
                                             env_int)
 from fpa_lightning.ops.kernel_inputs import unsupported_reason as kernel_unsupported_reason
-from fpa_lightning.ops.kernel_inputs import with_env_overrides
+from fpa_lightning.ops.kernel_inputs import unit_last_stride, with_env_overrides
 from fpa_lightning.ops.kernel_inputs import interpreting as _interpreting
 
 OP = "fpa_piece_attention"
@@ -106,7 +106,7 @@ def fpa_piece_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_p
     _check(q, k, v, key_pos, path_min, level, phi, beta, start, scale, threshold)
     B, n, H, D = q.shape
     S = k.shape[2]
-    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    q, k, v = unit_last_stride(q, k, v)
     start, beta = start.contiguous(), beta.contiguous()  # read by index: start is often a column of query_pos
     rmq = range_min_table(phi)
     block_m, block_n = _blocks()

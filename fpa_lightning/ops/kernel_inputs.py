@@ -194,3 +194,22 @@ def with_env_overrides(cfg: dict, prefix: str, keys: tuple[tuple[str, str], ...]
         if value is not None:
             cfg[key] = value
     return cfg
+
+
+def register_op_autograd(forward_op, backward_op, save, n_inputs: int) -> None:
+    """The autograd of a fused op's forward custom op, whose first output is the attention output and whose other
+    outputs are buffers for ``backward_op``: ``save(ctx, inputs, output)`` saves what the backward reads (tensors
+    in ``ctx.saved_tensors``, the rest in the tuple ``ctx.cfg``), and the backward returns
+    ``backward_op(do, *ctx.saved_tensors, *ctx.cfg)``, one gradient for each of the first inputs and None for the
+    rest of the ``n_inputs``."""
+
+    def setup_context(ctx, inputs, output) -> None:
+        ctx.mark_non_differentiable(*output[1:])
+        save(ctx, inputs, output)
+
+    def backward(ctx, do, *_buffers):  # _buffers: gradients of the non-differentiable outputs
+        grads = backward_op(do, *ctx.saved_tensors, *ctx.cfg)
+        return (*grads, *(None,) * (n_inputs - len(grads)))
+
+    forward_op.register_autograd(backward, setup_context=setup_context)
+

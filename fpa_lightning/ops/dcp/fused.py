@@ -43,7 +43,7 @@ import torch
 
 from fpa_lightning.ops.kernel_inputs import HEAD_DIMS, TRITON_OPTIONS, cdiv, empty_output, require_triton
 from fpa_lightning.ops.kernel_inputs import QKV_DTYPES, check_device, check_qkv, check_scale, check_segment_ids
-from fpa_lightning.ops.kernel_inputs import unit_last_stride
+from fpa_lightning.ops.kernel_inputs import register_op_autograd, unit_last_stride
 from fpa_lightning.ops.selective import fused as _sel
 
 INTERACTION_DIMS = (16, 32, 64, 128)
@@ -194,7 +194,7 @@ def _setup_context(ctx, inputs, output) -> None:
     """What `_backward` reads after ``do``, saved by the autograd function and the custom op alike."""
     q, k, v, qi, ki, offset, scale, _ = inputs
     ctx.save_for_backward(q, k, v, qi, ki, offset.detach(), *output)
-    ctx.scale = scale
+    ctx.cfg = (scale,)
 
 
 class _DcpFunction(torch.autograd.Function):
@@ -206,7 +206,7 @@ class _DcpFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do):
-        return (*_backward(do, *ctx.saved_tensors, ctx.scale), None, None)
+        return (*_backward(do, *ctx.saved_tensors, *ctx.cfg), None, None)
 
 
 # Under torch.compile the op is two torch.library custom ops, forward and backward, as FPA's and Selective's are
@@ -244,16 +244,7 @@ def _dcp_backward_shapes(do, q, k, v, qi, ki, offset, o, o32, lse, ids, scale):
     return tuple(t.new_empty(t.shape) for t in (q, k, v, qi, ki, offset))
 
 
-def _dcp_op_backward(ctx, do, *_buffers):  # _buffers: gradients of the non-differentiable outputs
-    return (*dcp_backward_op(do, *ctx.saved_tensors, ctx.scale), None, None)
-
-
-def _op_setup_context(ctx, inputs, output) -> None:
-    ctx.mark_non_differentiable(*output[1:])
-    _setup_context(ctx, inputs, output)
-
-
-dcp_forward_op.register_autograd(_dcp_op_backward, setup_context=_op_setup_context)
+register_op_autograd(dcp_forward_op, dcp_backward_op, _setup_context, n_inputs=8)
 
 
 def _check(q, k, v, qi, ki, offset, scale, segment_ids):

@@ -23,7 +23,7 @@ import torch
 
 from fpa_lightning.ops.fpa.naive import check_skip_threshold, check_variant
 from fpa_lightning.ops.kernel_inputs import HEAD_DIMS, cdiv, empty_output, next_power_of_2, require_triton
-from fpa_lightning.ops.kernel_inputs import TRITON_OPTIONS, unit_last_stride
+from fpa_lightning.ops.kernel_inputs import TRITON_OPTIONS, register_op_autograd, unit_last_stride
 from fpa_lightning.ops.kernel_inputs import check_device, check_qkv, check_scale, check_segment_ids, env_int
 from fpa_lightning.ops.kernel_inputs import with_env_overrides
 from fpa_lightning.ops.kernel_inputs import interpreting as _interpreting
@@ -456,11 +456,8 @@ def _fpa_backward_shapes(do, q, k, v, beta, o32, lse, prep, seg, bounds, scale, 
             torch.empty_strided(**field), beta.new_empty(beta.shape))
 
 
-def _fpa_op_backward(ctx, do, *_buffers):  # _buffers: gradients of the non-differentiable outputs
-    return (*fpa_backward_op(do, *ctx.saved_tensors, *ctx.cfg), None, None, None, None, None, None)
-
-
-fpa_forward_op.register_autograd(_fpa_op_backward, setup_context=_setup_from_outputs)
+register_op_autograd(fpa_forward_op, fpa_backward_op, n_inputs=12,
+                     save=lambda ctx, inputs, output: _save_for_backward(ctx, inputs, output[1:]))
 
 
 def _check(q, k, v, phi, psi, beta, scale, skip_threshold, reduction, level, segment_ids):

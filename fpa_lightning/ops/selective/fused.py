@@ -39,7 +39,7 @@ import torch
 from fpa_lightning.ops.common import document_first_tokens
 from fpa_lightning.ops.kernel_inputs import HEAD_DIMS, TRITON_OPTIONS, cdiv, empty_output, require_triton
 from fpa_lightning.ops.kernel_inputs import check_device, check_qkv, check_scale, check_segment_ids, env_int
-from fpa_lightning.ops.kernel_inputs import unit_last_stride, with_env_overrides
+from fpa_lightning.ops.kernel_inputs import register_op_autograd, unit_last_stride, with_env_overrides
 from fpa_lightning.ops.kernel_inputs import interpreting as _interpreting
 
 
@@ -291,7 +291,7 @@ def _setup_context(ctx, inputs, output) -> None:
     q, k, v, scale, _ = inputs
     o, lse, ids, keep = output
     ctx.save_for_backward(q, k, v, o, lse, ids, keep)
-    ctx.scale = scale
+    ctx.cfg = (scale,)
 
 
 class _SelectiveFunction(torch.autograd.Function):
@@ -303,7 +303,7 @@ class _SelectiveFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do):
-        return (*_backward(do, *ctx.saved_tensors, ctx.scale), None, None)
+        return (*_backward(do, *ctx.saved_tensors, *ctx.cfg), None, None)
 
 
 # Under torch.compile the op is two torch.library custom ops, forward and backward, which Dynamo traces as single
@@ -340,16 +340,7 @@ def _selective_backward_shapes(do, q, k, v, o, lse, ids, keep, scale):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
-def _selective_op_backward(ctx, do, *_buffers):  # _buffers: gradients of the non-differentiable outputs
-    return (*selective_backward_op(do, *ctx.saved_tensors, ctx.scale), None, None)
-
-
-def _op_setup_context(ctx, inputs, output) -> None:
-    ctx.mark_non_differentiable(*output[1:])
-    _setup_context(ctx, inputs, output)
-
-
-selective_forward_op.register_autograd(_selective_op_backward, setup_context=_op_setup_context)
+register_op_autograd(selective_forward_op, selective_backward_op, _setup_context, n_inputs=5)
 
 
 def _check(q, k, v, scale, segment_ids):

@@ -184,7 +184,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--variants", default="dense,skip")
     ap.add_argument("--D", type=int, default=64)
-    ap.add_argument("--dtype", default="bf16", choices=DTYPES, help="q, k, v's type (fp32: the IEEE products)")
+    ap.add_argument("--dtype", default="bf16", choices=DTYPES, help="q, k, v's type (fp32: the tf32x3 products)")
     ap.add_argument("--kernels", default="", help="comma-separated kernel names to keep (default: all)")
     ap.add_argument("--sass", default=None, help="write each kernel's SASS into this folder")
     ap.add_argument("--mix", action="store_true", help="then a second table: the instruction mix of each kernel's "

@@ -115,7 +115,9 @@ def _constexprs(D: int, dtype: torch.dtype, *, skip: bool, level: str, reduction
     """The compile-time parameters of every kernel for one variant: the single source for launches and for the
     offline compile statistics (benchmarks/kernel_offline.py)."""
     BS = _block_size()
-    prec = "ieee" if dtype == torch.float32 else "tf32"
+    # float32 inputs (the probe path's pass, float32 training) take three TF32 products a product (tf32x3) on the
+    # tensor cores: IEEE products run on the FMA units and spill in every kernel (KERNEL_LOG.md, "FPA, the fused kernel")
+    prec = "tf32x3" if dtype == torch.float32 else "tf32"
     qlevel, dipsum = level == "query", reduction == "dipsum"
     common = {"BS": BS, "D": D, "SKIP": skip, "PREC": prec, "SEG": segments}
     # skipping's walk ranges (docs/kernel.md §3): the method's variant (min, key level) walks only the key blocks

@@ -1,6 +1,6 @@
 """benchmarks/gpu_suite.sh on a CPU with a stand-in test folder: it hands TOKENIZER to the tests as
 FPA_TEST_TOKENIZER (the FSDP tests failed on the H200 without it), runs each gpu-marked file in shards (several at
-once) and writes one summary row per file; a file with no GPU test is not a failure."""
+once) and writes one summary row per file; a file with no GPU test is not a failure; MARKS widens the tests run."""
 import os
 import pathlib
 import subprocess
@@ -73,3 +73,16 @@ def test_without_a_tokenizer_the_test_fails_and_the_suite_says_so(tmp_path):
     stand_in = next(line for line in (tmp_path / "results" / "gpu_tests_summary.md").read_text().splitlines()
                     if "test_stand_in.py" in line)
     assert "FAILED (2 shards, 1 not ok)" in stand_in
+
+
+def test_marks_run_the_unmarked_tests_too(tmp_path):
+    """MARKS="gpu or not gpu": every collected test runs (the tiny-shape kernel tests on a GPU), the unmarked one
+    among them, whose failure fails the suite."""
+    done = run_suite(tmp_path, {"TOKENIZER": str(tmp_path / "tok.json"), "MARKS": "gpu or not gpu"})
+    assert done.returncode != 0
+    summary = (tmp_path / "results" / "gpu_tests_summary.md").read_text()
+    stand_in = next(line for line in summary.splitlines() if "test_stand_in.py" in line)
+    assert [c.strip() for c in stand_in.split("|")[2:6]] == ["3", "1", "0", "1"]  # test_not_a_gpu_test failed
+    marker_file = next(line for line in summary.splitlines() if "test_names_the_marker.py" in line)
+    assert [c.strip() for c in marker_file.split("|")[2:6]] == ["1", "0", "0", "0"]  # collected now, and passes
+    assert "pytest -m 'gpu or not gpu'" in done.stdout

@@ -157,8 +157,7 @@ def _backward(do, q, k, v, qi, ki, offset, o, o32, lse, ids, scale):
     dummy = lse
     ids = ids if seg else dummy
     jlo_later, ihi = _sel.backward_tile_bounds(ids, T, BT, BN, BM) if seg else (dummy, dummy)
-    if do.stride(-1) != 1:
-        do = do.contiguous()
+    (do,) = unit_last_stride(do)
     nT, nJ = Tp // BT, cdiv(T, BN)
     G = _head_groups(B, H, nJ, dev)
     delta = _sel.output_grad_rowsum(do, o32[:, :T] if o32.numel() else o, Tp)  # from the fp32 output (see above)

@@ -289,8 +289,7 @@ def _backward(do, q, k, v, beta, o32, lse, prep, seg, bounds, scale, skip_thresh
     (phip, psip, suf, zsuf, pre, zpre, bmin, zblk, minsuf, minpsi), _ = _prep_views(prep, BH, Tp, nB)
     jlo, ihi = bounds.unbind(0) if segments else (lse, lse)
     segp = seg if segments else lse
-    if do.stride(-1) != 1:
-        do = do.contiguous()
+    (do,) = unit_last_stride(do)
     dq = empty_output(q.shape, dtype=q.dtype, device=dev)
     dk = empty_output(k.shape, dtype=k.dtype, device=dev)
     dv = empty_output(v.shape, dtype=v.dtype, device=dev)

@@ -254,8 +254,7 @@ def _backward(do, q, k, v, o, lse, ids, keep, scale):
     dummy = lse  # stands for the tables a variant without documents never reads
     ids, keep = (ids, keep) if seg else (dummy, dummy)
     jlo_later, ihi = backward_tile_bounds(ids, T, BT, BN, BM) if seg else (dummy, dummy)
-    if do.stride(-1) != 1:
-        do = do.contiguous()
+    (do,) = unit_last_stride(do)
     nT, nJ = Tp // BT, cdiv(T, BN)
     G = _head_groups(B, H, nJ, dev)
     delta = output_grad_rowsum(do, o, Tp)

@@ -25,7 +25,7 @@ set -uo pipefail
 results=${1:-gpu_results}
 python=${PYTHON:-python3}
 limit=${FILE_TIMEOUT:-1200}
-marks=${MARKS:-gpu}
+export MARKS=${MARKS:-gpu}  # the summary below prints it
 mkdir -p "$results/tests"
 export PYTHONUNBUFFERED=1 PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
 # the tests that train through train.py (tests/distributed) read FPA_TEST_TOKENIZER: without it, and without
@@ -42,7 +42,7 @@ shard_size=${SHARD:-2}
 # shards.tsv: file, shard name, node ids (space-separated; empty: the whole file). Node ids are rewritten onto the
 # file's path as grep finds it, since collect-only names them relative to pytest's rootdir.
 {
-    "$python" -m pytest --collect-only -q -m "$marks" -p no:cacheprovider "${roots[@]}" 2>/dev/null | grep -E '^[^ ]+\.py::'
+    "$python" -m pytest --collect-only -q -m "$MARKS" -p no:cacheprovider "${roots[@]}" 2>/dev/null | grep -E '^[^ ]+\.py::'
     echo "--- files"
     grep -rlE --include='test_*.py' 'mark\.gpu' "${roots[@]}"
 } | "$python" -c '
@@ -90,7 +90,7 @@ run_shard() {  # FILE NAME [NODE...]: one shard's GPU tests, its line appended t
     local file=$1 name=$2 start=$SECONDS code
     shift 2
     [ $# -gt 0 ] || set -- "$file"
-    timeout -k 30 "$limit" "$python" -m pytest -q -m "$marks" -p no:cacheprovider -rfEs --junitxml="$results/tests/$name.xml" \
+    timeout -k 30 "$limit" "$python" -m pytest -q -m "$MARKS" -p no:cacheprovider -rfEs --junitxml="$results/tests/$name.xml" \
         "$@" >"$results/tests/$name.log" 2>&1
     code=$?
     printf '%s\t%s\t%s\t%s\n' "$file" "$code" "$((SECONDS - start))" "$name" >>"$results/tests/runs.tsv"
@@ -167,7 +167,7 @@ wall = open(os.path.join(results, "tests", "wall_seconds.txt")).read().strip()
 rows.append(["all files (seconds: summed over shards)", *map(str, total), f"wall time {wall} s"])
 header = ["file", "passed", "failed", "errors", "skipped", "seconds", "status"]
 width = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-print(f"GPU tests (pytest -m {os.environ.get('MARKS') or 'gpu'!r}, one process per shard):")
+print(f"GPU tests (pytest -m {os.environ['MARKS']!r}, one process per shard):")
 for r in [header, ["-" * w for w in width], *rows]:
     print("| " + " | ".join(c.ljust(w) for c, w in zip(r, width)) + " |")
 bench = os.path.join(results, "benchmarks.tsv")

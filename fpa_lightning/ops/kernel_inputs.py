@@ -196,20 +196,26 @@ def with_env_overrides(cfg: dict, prefix: str, keys: tuple[tuple[str, str], ...]
     return cfg
 
 
-def register_op_autograd(forward_op, backward_op, save, n_inputs: int) -> None:
-    """The autograd of a fused op's forward custom op, whose first output is the attention output and whose other
-    outputs are buffers for ``backward_op``: ``save(ctx, inputs, output)`` saves what the backward reads (tensors
-    in ``ctx.saved_tensors``, the rest in the tuple ``ctx.cfg``), and the backward returns
-    ``backward_op(do, *ctx.saved_tensors, *ctx.cfg)``, one gradient for each of the first inputs and None for the
-    rest of the ``n_inputs``."""
+def outputs_setup_context(save):
+    """The ``setup_context`` of a fused op's forward whose first output is the attention output and whose other
+    outputs are buffers for its backward: those are marked non-differentiable, and ``save(ctx, inputs, output)``
+    saves what the backward reads (tensors in ``ctx.saved_tensors``, the rest in the tuple ``ctx.cfg``)."""
 
     def setup_context(ctx, inputs, output) -> None:
         ctx.mark_non_differentiable(*output[1:])
         save(ctx, inputs, output)
 
+    return setup_context
+
+
+def register_op_autograd(forward_op, backward_op, save, n_inputs: int) -> None:
+    """The autograd of a fused op's forward custom op (set up by ``outputs_setup_context(save)``): the backward
+    returns ``backward_op(do, *ctx.saved_tensors, *ctx.cfg)``, one gradient for each of the first inputs and None
+    for the rest of the ``n_inputs``."""
+
     def backward(ctx, do, *_buffers):  # _buffers: gradients of the non-differentiable outputs
         grads = backward_op(do, *ctx.saved_tensors, *ctx.cfg)
         return (*grads, *(None,) * (n_inputs - len(grads)))
 
-    forward_op.register_autograd(backward, setup_context=setup_context)
+    forward_op.register_autograd(backward, setup_context=outputs_setup_context(save))
 

@@ -23,7 +23,8 @@ import torch
 
 from fpa_lightning.ops.fpa.naive import check_skip_threshold, check_variant
 from fpa_lightning.ops.kernel_inputs import HEAD_DIMS, cdiv, empty_output, next_power_of_2, require_triton
-from fpa_lightning.ops.kernel_inputs import TRITON_OPTIONS, register_op_autograd, unit_last_stride
+from fpa_lightning.ops.kernel_inputs import TRITON_OPTIONS, outputs_setup_context, register_op_autograd
+from fpa_lightning.ops.kernel_inputs import unit_last_stride
 from fpa_lightning.ops.kernel_inputs import check_device, check_qkv, check_scale, check_segment_ids, env_int
 from fpa_lightning.ops.kernel_inputs import with_env_overrides
 from fpa_lightning.ops.kernel_inputs import interpreting as _interpreting
@@ -116,7 +117,8 @@ def _constexprs(D: int, dtype: torch.dtype, *, skip: bool, level: str, reduction
     offline compile statistics (benchmarks/kernel_offline.py)."""
     BS = _block_size()
     # float32 inputs (the probe path's pass, float32 training) take three TF32 products a product (tf32x3) on the
-    # tensor cores: IEEE products run on the FMA units and spill in every kernel (KERNEL_LOG.md, "FPA, the fused kernel")
+    # tensor cores: IEEE products run on the FMA units and spill in every kernel (KERNEL_LOG.md, "FPA, the fused
+    # kernel")
     prec = "tf32x3" if dtype == torch.float32 else "tf32"
     qlevel, dipsum = level == "query", reduction == "dipsum"
     common = {"BS": BS, "D": D, "SKIP": skip, "PREC": prec, "SEG": segments}
@@ -350,9 +352,8 @@ def _save_for_backward(ctx, inputs, kept) -> None:
     ctx.cfg = (scale, skip_threshold, reduction, level)
 
 
-def _setup_from_outputs(ctx, inputs, output) -> None:
-    """The setup_context of the forms whose forward returns (o, *kept): `_FPAVmappable` and the custom op."""
-    ctx.mark_non_differentiable(*output[1:])
+def _save_outputs(ctx, inputs, output) -> None:
+    """`_save_for_backward` in the forms whose forward returns (o, *kept): `_FPAVmappable` and the custom op."""
     _save_for_backward(ctx, inputs, output[1:])
 
 
@@ -381,7 +382,7 @@ class _FPAVmappable(torch.autograd.Function):
         o, kept = _forward(q, k, v, phi, psi, beta, scale, skip_threshold, reduction, level, segment_ids, store32)
         return (o, *kept)
 
-    setup_context = staticmethod(_setup_from_outputs)
+    setup_context = staticmethod(outputs_setup_context(_save_outputs))
 
     @staticmethod
     def backward(ctx, do, *_buffers):  # _buffers: (zero) gradients of the non-differentiable outputs
@@ -457,8 +458,7 @@ def _fpa_backward_shapes(do, q, k, v, beta, o32, lse, prep, seg, bounds, scale, 
             torch.empty_strided(**field), beta.new_empty(beta.shape))
 
 
-register_op_autograd(fpa_forward_op, fpa_backward_op, n_inputs=12,
-                     save=lambda ctx, inputs, output: _save_for_backward(ctx, inputs, output[1:]))
+register_op_autograd(fpa_forward_op, fpa_backward_op, _save_outputs, n_inputs=12)
 
 
 def _check(q, k, v, phi, psi, beta, scale, skip_threshold, reduction, level, segment_ids):
